@@ -1,0 +1,49 @@
+# The two commands a new user needs are `make demo` and `make test`; both set up .venv themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+WOK := $(VENV)/bin/wok
+STAMP := $(VENV)/.installed
+
+.PHONY: all venv test test-fast lint crds demo tools cluster-bin clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# torch is a multi-GB wheel: installed once, then reused (pip sees it satisfied)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# Prometheus and promtool come from Debian; the Kubernetes control plane is built from upstream Go
+# modules into ~/.cache/wok (seconds when cached).
+tools:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
+
+cluster-bin:
+	@if [ -x e2e/cluster/build.sh ]; then e2e/cluster/build.sh; fi
+
+test: venv tools cluster-bin
+	$(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q tests/unit
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+crds: venv
+	$(WOK) crds > crds/wok.dev_inferenceservices.yaml
+
+demo: venv
+	$(WOK) demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""A real Kubernetes control plane for tests and `wok dev`: upstream binaries, emulated GPU nodes."""

@@ -1,0 +1,1 @@
+"""The wok operator: reconciles InferenceServices and runs the batching-aware control loop."""

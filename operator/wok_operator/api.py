@@ -1,0 +1,328 @@
+"""The InferenceService API: the one definition that the CRD, the operator and the docs share.
+
+The CRD YAML under `crds/` is generated from these models (`wok crds`), so a field exists in
+exactly one place. Defaults are chosen so that a first `kubectl apply` of a two-line spec works.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "wok.dev"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ["wis"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+Dtype = Literal["float32", "float16", "bfloat16"]
+
+
+def cel(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+def quantity_bytes(value: str) -> int:
+    """Bytes of a Kubernetes quantity such as `80Gi` or `512M`."""
+    suffixes = {
+        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+        "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3,
+    }  # fmt: skip
+    text = value.strip()
+    for suffix in sorted(suffixes, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, scale = text[: -len(suffix)], suffixes[suffix]
+            break
+    else:
+        number, scale = text, 1
+    try:
+        amount = float(number)
+    except ValueError:
+        raise ValueError(f"not a quantity: {value!r} (expected e.g. 80Gi, 512Mi)") from None
+    if amount < 0:
+        raise ValueError(f"quantity must not be negative: {value!r}")
+    return int(amount * scale)
+
+
+class Architecture(ApiModel):
+    """The shape of a Llama-family decoder: enough to size weights and the KV cache."""
+
+    num_hidden_layers: int = Field(ge=1, le=1024)
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int | None = Field(default=None, ge=1, description="Defaults to hidden/heads.")
+    vocab_size: int = Field(ge=1)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = Field(default=4096, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Architecture:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("numAttentionHeads must be a multiple of numKeyValueHeads")
+        return self
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+class VolumeSource(ApiModel):
+    claim_name: str = Field(min_length=1, description="PersistentVolumeClaim holding the model.")
+    mount_path: str = Field(default="/models", pattern=r"^/")
+    read_only: bool = True
+
+
+class ModelSpec(ApiModel):
+    source: str = Field(
+        default="builtin:tiny",
+        pattern=r"^(builtin:[a-z0-9][a-z0-9.-]*|/.+)$",
+        description="`builtin:<name>`, or the absolute path of an HF-format directory in a "
+        "mounted volume.",
+    )
+    served_name: str | None = Field(default=None, description="Model name in the OpenAI API.")
+    preset: str | None = Field(
+        default=None, description="A wok preset architecture (see `wok budget --list`)."
+    )
+    architecture: Architecture | None = Field(
+        default=None, description="Explicit architecture (else the preset or builtin's)."
+    )
+    dtype: Dtype = "float16"
+    volume: VolumeSource | None = None
+
+
+class RuntimeSpec(ApiModel):
+    image: str = "ghcr.io/wok-dev/wok-runtime:0.1.0"
+    gpus_per_pod: int = Field(default=1, ge=1, le=16)
+    gpu_memory: Quantity = Field(default="80Gi", description="Memory of one GPU.")
+    cpu: Quantity = "2"
+    memory: Quantity = "8Gi"
+    drain_seconds: int = Field(default=30, ge=0, le=3600, description="Graceful drain on stop.")
+
+
+class BatchingSpec(ApiModel):
+    mode: Literal["continuous", "static", "serial"] = "continuous"
+    min_batch_size: int = Field(default=1, ge=1, le=4096)
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    initial_batch_size: int = Field(default=8, ge=1, le=4096)
+    max_wait_ms: int = Field(default=10, ge=0, le=60_000)
+    step: int = Field(default=2, ge=1, le=1024, description="η_B: batch change per control tick.")
+    max_num_batched_tokens: int = Field(default=2048, ge=16, le=1 << 20)
+
+
+class PriorityClass(ApiModel):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    priority: int = Field(ge=0, le=9, description="Lower is served first.")
+
+
+def default_priority_classes() -> list[PriorityClass]:
+    return [
+        PriorityClass(name="interactive", priority=0),
+        PriorityClass(name="standard", priority=1),
+        PriorityClass(name="batch", priority=2),
+    ]
+
+
+class QueueSpec(ApiModel):
+    max_length: int = Field(default=256, ge=1, le=1_000_000)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    priority_classes: list[PriorityClass] = Field(
+        default_factory=default_priority_classes, min_length=1, max_length=10
+    )
+    aging_seconds: float = Field(
+        default=10.0, gt=0, le=3600, description="Waiting this long raises priority by one."
+    )
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _unique_names(cls, classes: list[PriorityClass]) -> list[PriorityClass]:
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError("priority class names must be unique")
+        return classes
+
+
+class MemorySpec(ApiModel):
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=0.98)
+    max_model_len: int = Field(default=2048, ge=16, le=1 << 20)
+    reserve: Quantity = Field(default="512Mi", description="Kept free for the CUDA context etc.")
+    length_estimate: Literal["maxModelLen", "observedMean"] = "maxModelLen"
+    kv_usage_ceiling: float = Field(
+        default=0.95, gt=0, le=1, description="KV usage above this pushes the batch down."
+    )
+
+
+class ScalingSpec(ApiModel):
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int = Field(default=4, ge=0, le=1000)
+    step: int = Field(default=1, ge=1, le=100, description="η_R: replica change per decision.")
+    target_queue_per_replica: float = Field(default=4.0, ge=0, description="Q*.")
+    deadband: float = Field(default=1.0, ge=0, description="|Q − Q*| within this holds.")
+    scale_up_stabilization_seconds: int = Field(default=15, ge=0, le=3600)
+    scale_down_stabilization_seconds: int = Field(default=120, ge=0, le=86_400)
+    interval_seconds: int = Field(default=5, ge=1, le=3600)
+
+
+class SLOSpec(ApiModel):
+    p99_latency_seconds: float = Field(default=5.0, gt=0, le=3600)
+    window_seconds: int = Field(default=60, ge=10, le=86_400)
+
+
+class MetricsSpec(ApiModel):
+    prometheus_url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Else the operator's default."
+    )
+
+
+class InferenceServiceSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.batching.minBatchSize <= self.batching.initialBatchSize && "
+                    "self.batching.initialBatchSize <= self.batching.maxBatchSize",
+                    "batching: minBatchSize <= initialBatchSize <= maxBatchSize must hold",
+                ),
+                cel(
+                    "self.scaling.minReplicas <= self.scaling.maxReplicas",
+                    "scaling: minReplicas must not exceed maxReplicas",
+                ),
+                cel(
+                    "self.memory.maxModelLen <= self.batching.maxNumBatchedTokens || "
+                    "self.batching.mode == 'continuous'",
+                    "static and serial batching cannot chunk prefills: "
+                    "maxNumBatchedTokens must be at least memory.maxModelLen",
+                ),
+                cel(
+                    "self.model.source.startsWith('builtin:') || has(self.model.preset) || "
+                    "has(self.model.architecture)",
+                    "model: a path source needs model.preset or model.architecture "
+                    "so the operator can size the KV cache",
+                ),
+                cel(
+                    "!self.model.source.startsWith('/') || has(self.model.volume)",
+                    "model: a path source needs model.volume (the claim that holds it)",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    queue: QueueSpec = Field(default_factory=QueueSpec)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    slo: SLOSpec = Field(default_factory=SLOSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> InferenceServiceSpec:
+        # The same rules as the CEL above, so Python callers get them without an apiserver.
+        b, s = self.batching, self.scaling
+        if not b.min_batch_size <= b.initial_batch_size <= b.max_batch_size:
+            raise ValueError("batching: minBatchSize <= initialBatchSize <= maxBatchSize must hold")
+        if s.min_replicas > s.max_replicas:
+            raise ValueError("scaling: minReplicas must not exceed maxReplicas")
+        if b.mode != "continuous" and self.memory.max_model_len > b.max_num_batched_tokens:
+            raise ValueError(
+                "static and serial batching cannot chunk prefills: "
+                "maxNumBatchedTokens must be at least memory.maxModelLen"
+            )
+        source = self.model.source
+        if not source.startswith("builtin:") and not (self.model.preset or self.model.architecture):
+            raise ValueError(
+                "model: a path source needs model.preset or model.architecture "
+                "so the operator can size the KV cache"
+            )
+        if source.startswith("/") and self.model.volume is None:
+            raise ValueError("model: a path source needs model.volume (the claim that holds it)")
+        return self
+
+
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "SLOBreached", "MemoryBound", "MetricsUnavailable",
+    "PodsPending",
+]  # fmt: skip
+
+
+class Condition(ApiModel):
+    """The Kubernetes Condition shape (metav1.Condition)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class MemoryStatus(ApiModel):
+    weights_bytes: int
+    activation_bytes: int
+    kv_cache_bytes: int
+    reserve_bytes: int
+    kv_bytes_per_token: int
+    max_batch_by_memory: int
+
+
+class DecisionInputs(ApiModel):
+    queue_per_replica: float | None = None
+    p99_seconds: float | None = None
+    kv_usage: float | None = None
+    ready_replicas: int = 0
+    pending_replicas: int = 0
+
+
+class Change(ApiModel):
+    from_: int = Field(alias="from")
+    to: int
+
+
+class LastDecision(ApiModel):
+    time: str
+    inputs: DecisionInputs
+    batch: Change
+    replicas: Change
+    reason: str
+
+
+class InferenceServiceStatus(ApiModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    batch_size: int | None = None
+    memory: MemoryStatus | None = None
+    last_decision: LastDecision | None = None
+    controller: dict[str, Any] | None = Field(
+        default=None,
+        description="The control loop's memory (stabilization timers), kept across restarts.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class InferenceService(ApiModel):
+    api_version: Literal["wok.dev/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["InferenceService"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: InferenceServiceSpec = Field(default_factory=InferenceServiceSpec)
+    status: InferenceServiceStatus | None = None

@@ -1,0 +1,1 @@
+"""wok: batching-aware autoscaling for LLM inference on Kubernetes (the `wok` command)."""
