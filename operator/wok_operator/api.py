@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -36,26 +37,20 @@ class ApiModel(BaseModel):
     )
 
 
-def quantity_bytes(value: str) -> int:
+def quantity_bytes(value: str | int | float) -> int:
     """Bytes of a Kubernetes quantity such as `80Gi` or `512M`."""
-    suffixes = {
-        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-        "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3,
-    }  # fmt: skip
-    text = value.strip()
-    for suffix in sorted(suffixes, key=len, reverse=True):
-        if text.endswith(suffix):
-            number, scale = text[: -len(suffix)], suffixes[suffix]
-            break
-    else:
-        number, scale = text, 1
     try:
-        amount = float(number)
+        amount = parse_quantity(value)
     except ValueError:
         raise ValueError(f"not a quantity: {value!r} (expected e.g. 80Gi, 512Mi)") from None
     if amount < 0:
         raise ValueError(f"quantity must not be negative: {value!r}")
-    return int(amount * scale)
+    return int(amount)
+
+
+def section(model: type[ApiModel]) -> Any:
+    """A spec section that may be left out; `default: {}` lets the apiserver fill in its fields."""
+    return Field(default_factory=model, json_schema_extra={"default": {}})
 
 
 class Architecture(ApiModel):
@@ -91,13 +86,18 @@ class VolumeSource(ApiModel):
 class ModelSpec(ApiModel):
     source: str = Field(
         default="builtin:tiny",
+        max_length=1024,
         pattern=r"^(builtin:[a-z0-9][a-z0-9.-]*|/.+)$",
         description="`builtin:<name>`, or the absolute path of an HF-format directory in a "
         "mounted volume.",
     )
-    served_name: str | None = Field(default=None, description="Model name in the OpenAI API.")
+    served_name: str | None = Field(
+        default=None, max_length=253, description="Model name in the OpenAI API."
+    )
     preset: str | None = Field(
-        default=None, description="A wok preset architecture (see `wok budget --list`)."
+        default=None,
+        max_length=63,
+        description="A wok preset architecture (see `wok budget --list`).",
     )
     architecture: Architecture | None = Field(
         default=None, description="Explicit architecture (else the preset or builtin's)."
@@ -107,7 +107,7 @@ class ModelSpec(ApiModel):
 
 
 class RuntimeSpec(ApiModel):
-    image: str = "ghcr.io/wok-dev/wok-runtime:0.1.0"
+    image: str = Field(default="ghcr.io/wok-dev/wok-runtime:0.1.0", max_length=1024)
     gpus_per_pod: int = Field(default=1, ge=1, le=16)
     gpu_memory: Quantity = Field(default="80Gi", description="Memory of one GPU.")
     cpu: Quantity = "2"
@@ -121,7 +121,7 @@ class BatchingSpec(ApiModel):
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     initial_batch_size: int = Field(default=8, ge=1, le=4096)
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
-    step: int = Field(default=2, ge=1, le=1024, description="η_B: batch change per control tick.")
+    step: int = Field(default=4, ge=1, le=1024, description="η_B: batch change per control tick.")
     max_num_batched_tokens: int = Field(default=2048, ge=16, le=1 << 20)
 
 
@@ -142,7 +142,12 @@ class QueueSpec(ApiModel):
     max_length: int = Field(default=256, ge=1, le=1_000_000)
     timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     priority_classes: list[PriorityClass] = Field(
-        default_factory=default_priority_classes, min_length=1, max_length=10
+        default_factory=default_priority_classes,
+        min_length=1,
+        max_length=10,
+        json_schema_extra={
+            "default": [c.model_dump(by_alias=True) for c in default_priority_classes()]
+        },
     )
     aging_seconds: float = Field(
         default=10.0, gt=0, le=3600, description="Waiting this long raises priority by one."
@@ -222,14 +227,14 @@ class InferenceServiceSpec(ApiModel):
         }
     )
 
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    batching: BatchingSpec = Field(default_factory=BatchingSpec)
-    queue: QueueSpec = Field(default_factory=QueueSpec)
-    memory: MemorySpec = Field(default_factory=MemorySpec)
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    slo: SLOSpec = Field(default_factory=SLOSpec)
-    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    model: ModelSpec = section(ModelSpec)
+    runtime: RuntimeSpec = section(RuntimeSpec)
+    batching: BatchingSpec = section(BatchingSpec)
+    queue: QueueSpec = section(QueueSpec)
+    memory: MemorySpec = section(MemorySpec)
+    scaling: ScalingSpec = section(ScalingSpec)
+    slo: SLOSpec = section(SLOSpec)
+    metrics: MetricsSpec = section(MetricsSpec)
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceServiceSpec:
@@ -253,12 +258,6 @@ class InferenceServiceSpec(ApiModel):
         if source.startswith("/") and self.model.volume is None:
             raise ValueError("model: a path source needs model.volume (the claim that holds it)")
         return self
-
-
-ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "SLOBreached", "MemoryBound", "MetricsUnavailable",
-    "PodsPending",
-]  # fmt: skip
 
 
 class Condition(ApiModel):

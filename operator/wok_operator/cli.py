@@ -1,9 +1,131 @@
-"""Operator-side commands of the `wok` CLI (filled in below as the parts land)."""
+"""Operator-side commands of the `wok` CLI: `crds`, `budget`, `simulate` (and `operator run`)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 
 def register(commands: Any) -> None:
-    del commands
+    crds = commands.add_parser("crds", help="print the InferenceService CRD (generated)")
+    crds.set_defaults(func=run_crds)
+
+    budget = commands.add_parser(
+        "budget", help="the per-pod memory map and the max batch size by memory"
+    )
+    source = budget.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", help="a known architecture (see --list)")
+    source.add_argument("--config", type=Path, help="an HF config.json")
+    source.add_argument("--list", action="store_true", help="list the presets")
+    budget.add_argument("--gpu-memory", default="80Gi", help="memory of one GPU (e.g. 80Gi)")
+    budget.add_argument("--gpus", type=int, default=1, help="GPUs per pod")
+    budget.add_argument("--utilization", type=float, default=0.9)
+    budget.add_argument("--max-model-len", type=int, default=4096)
+    budget.add_argument("--sequence-length", type=int, help="L for B_mem (default max-model-len)")
+    budget.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
+    budget.add_argument("--reserve", default="512Mi")
+    budget.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    budget.add_argument("--json", action="store_true", help="machine-readable output")
+    budget.set_defaults(func=run_budget)
+
+    simulate = commands.add_parser(
+        "simulate", help="run the control law on a scripted load (no cluster needed)"
+    )
+    simulate.add_argument("--spec", type=Path, help="an InferenceService YAML (else defaults)")
+    simulate.add_argument("--batch-mem", type=int, help="B_mem (else from the spec's budget)")
+    simulate.add_argument("--plot", default="out/simulate.png", help="where to write the plot")
+    simulate.add_argument("--json", action="store_true", help="print every tick as JSON")
+    simulate.set_defaults(func=run_simulate)
+
+
+def run_crds(args: argparse.Namespace) -> int:
+    from wok_operator.crd import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return 0
+
+
+def run_budget(args: argparse.Namespace) -> int:
+    from wok_operator import budget
+    from wok_operator.api import quantity_bytes
+
+    if args.list:
+        for name, arch in budget.PRESETS.items():
+            params = budget.parameter_count(arch) / 1e9
+            print(f"{name:14} {params:7.2f}B params  {arch.num_hidden_layers} layers")
+        return 0
+    if args.preset:
+        arch = budget.preset(args.preset)
+    else:
+        arch = budget.architecture_from_hf_config(args.config)
+    plan = budget.plan_memory(
+        arch,
+        gpu_memory_bytes=quantity_bytes(args.gpu_memory),
+        gpus=args.gpus,
+        utilization=args.utilization,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        reserve_bytes=quantity_bytes(args.reserve),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        sequence_length=args.sequence_length,
+    )
+    if args.json:
+        print(json.dumps(plan.as_json()))
+        return 0
+    gib = budget.gib
+    rows = [
+        ("usable", gib(plan.usable_bytes)),
+        ("weights", gib(plan.weights_bytes)),
+        ("activations", gib(plan.activation_bytes)),
+        ("reserve", gib(plan.reserve_bytes)),
+        ("KV cache", gib(plan.kv_budget_bytes)),
+        ("KV per token", f"{plan.kv_bytes_per_token:,} B"),
+        ("KV per sequence", gib(plan.kv_bytes_per_token * plan.sequence_length)),
+        ("free at max batch", gib(plan.free_bytes)),
+        ("max batch by memory", f"{plan.max_batch_size} × {plan.sequence_length} tokens"),
+    ]
+    for label, value in rows:
+        print(f"{label:>20}  {value}")
+    return 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from wok_operator.api import InferenceService
+    from wok_operator.budget import plan_for_spec
+    from wok_operator.control import LawParams
+    from wok_operator.simulate import plot, simulate
+
+    document = yaml.safe_load(args.spec.read_text()) if args.spec else {}
+    spec = InferenceService.model_validate(document or {}).spec
+    batch_mem = args.batch_mem if args.batch_mem is not None else plan_for_spec(spec).max_batch_size
+    params = LawParams.from_spec(spec, batch_mem=batch_mem)
+    ticks = simulate(
+        params,
+        initial_batch=spec.batching.initial_batch_size,
+        initial_replicas=params.replicas_floor,
+        interval_s=spec.scaling.interval_seconds,
+        slo_window_s=spec.slo.window_seconds,
+    )
+    if args.json:
+        for tick in ticks:
+            print(json.dumps(tick.__dict__))
+    else:
+        print(f"{'t':>6} {'load':>6} {'queue':>7} {'P99':>7} {'batch':>5} {'repl':>4}  decision")
+        shown = None
+        for tick in ticks:
+            if tick.reason.startswith("hold") and shown == (tick.batch, tick.replicas):
+                continue
+            shown = (tick.batch, tick.replicas)
+            print(
+                f"{tick.time_s:6.0f} {tick.arrival_rate:6.1f} {tick.queue_per_replica:7.1f} "
+                f"{tick.p99_seconds:7.2f} {tick.batch:5d} {tick.replicas:4d}  {tick.reason}"
+            )
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    plot(ticks, params, args.plot)
+    print(f"plot: {args.plot}", file=sys.stderr)
+    return 0

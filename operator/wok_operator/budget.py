@@ -1,0 +1,229 @@
+"""The per-pod memory budget: how many sequences fit in GPU memory, before a pod is ever started.
+
+Pure arithmetic, no torch. The operator writes the result to status and never moves the batch size
+past `max_batch_size` (the design's B_mem). Formulas:
+
+    weights      = parameters(architecture) · dtype_bytes
+    kv/token     = 2 · layers · kv_heads · head_dim · dtype_bytes   (K and V; GQA-aware)
+    activations  = T · (4·hidden + 2·intermediate) · dtype_bytes  +  T · vocab · 4
+                   with T = max_num_batched_tokens: the residual stream, attention projections and
+                   the SwiGLU gate/up pair of one step's tokens, plus fp32 logits for the sampler
+                   (an upper bound: the runtime computes logits only for each sequence's last token)
+    kv_budget    = gpu_memory · gpus · utilization − weights − activations − reserve
+    B_mem        = floor(kv_budget / (kv/token · L)),  L = max_model_len or the observed mean length
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from wok_operator.api import Architecture, InferenceServiceSpec, quantity_bytes
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+PRESETS: dict[str, Architecture] = {
+    "tiny": Architecture(
+        num_hidden_layers=4, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+        num_key_value_heads=4, vocab_size=8192, tie_word_embeddings=False,
+        max_position_embeddings=2048,
+    ),
+    "smollm2-135m": Architecture(
+        num_hidden_layers=30, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "llama-2-7b": Architecture(
+        num_hidden_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096,
+    ),
+    "llama-2-13b": Architecture(
+        num_hidden_layers=40, hidden_size=5120, intermediate_size=13824, num_attention_heads=40,
+        num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096,
+    ),
+    "llama-3-8b": Architecture(
+        num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+    ),
+    "llama-3-70b": Architecture(
+        num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+    ),
+    "mistral-7b": Architecture(
+        num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=32768,
+    ),
+}  # fmt: skip
+
+HF_CONFIG_KEYS = (
+    "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings",
+    "max_position_embeddings",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The memory map of one pod: what the GPU holds, and the batch that fits beside it."""
+
+    usable_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    reserve_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int
+    sequence_length: int
+    max_batch_size: int
+
+    @property
+    def free_bytes(self) -> int:
+        """What the KV budget leaves unused at `max_batch_size` full-length sequences."""
+        used = self.max_batch_size * self.kv_bytes_per_token * self.sequence_length
+        return self.kv_budget_bytes - used
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "activation_bytes": self.activation_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "max_batch_size": self.max_batch_size,
+        }
+
+
+def parameter_count(arch: Architecture) -> int:
+    head_dim = arch.resolved_head_dim
+    q_dim = arch.num_attention_heads * head_dim
+    kv_dim = arch.num_key_value_heads * head_dim
+    attention = arch.hidden_size * (q_dim + 2 * kv_dim) + q_dim * arch.hidden_size
+    mlp = 3 * arch.hidden_size * arch.intermediate_size
+    norms = 2 * arch.hidden_size
+    embeddings = arch.vocab_size * arch.hidden_size
+    lm_head = 0 if arch.tie_word_embeddings else embeddings
+    layers = arch.num_hidden_layers * (attention + mlp + norms)
+    return embeddings + layers + arch.hidden_size + lm_head
+
+
+def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
+    return (
+        2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.resolved_head_dim
+    ) * dtype_bytes(dtype)
+
+
+def activation_bytes(arch: Architecture, dtype: str, max_num_batched_tokens: int) -> int:
+    tokens = max_num_batched_tokens
+    hidden_states = tokens * (4 * arch.hidden_size + 2 * arch.intermediate_size)
+    return hidden_states * dtype_bytes(dtype) + tokens * arch.vocab_size * 4
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}") from None
+
+
+def plan_memory(
+    arch: Architecture,
+    *,
+    gpu_memory_bytes: int,
+    gpus: int = 1,
+    utilization: float = 0.9,
+    dtype: str = "float16",
+    max_model_len: int = 4096,
+    reserve_bytes: int = 512 * 2**20,
+    max_num_batched_tokens: int = 2048,
+    sequence_length: int | None = None,
+) -> MemoryBudget:
+    """The memory map and B_mem; ValueError (one readable line) when the model cannot fit."""
+    if gpu_memory_bytes <= 0:
+        raise ValueError(f"GPU memory must be positive, got {gpu_memory_bytes} bytes")
+    if gpus < 1:
+        raise ValueError(f"GPUs per pod must be at least 1, got {gpus}")
+    if not 0 < utilization <= 0.98:
+        raise ValueError(f"utilization must be in (0, 0.98], got {utilization}")
+    if max_model_len < 1 or max_num_batched_tokens < 1 or reserve_bytes < 0:
+        raise ValueError("max model length and batched tokens must be positive, reserve >= 0")
+    length = sequence_length if sequence_length is not None else max_model_len
+    if length < 1:
+        raise ValueError(f"sequence length must be positive, got {length}")
+    usable = math.floor(gpu_memory_bytes * gpus * utilization)
+    weights = parameter_count(arch) * dtype_bytes(dtype)
+    activations = activation_bytes(arch, dtype, max_num_batched_tokens)
+    kv_budget = usable - weights - activations - reserve_bytes
+    per_token = kv_bytes_per_token(arch, dtype)
+    if kv_budget < per_token * length:
+        raise ValueError(
+            f"the model does not fit: {gib(usable)} usable "
+            f"({gpus} GPU × {gib(gpu_memory_bytes)} × {utilization}) − weights {gib(weights)} "
+            f"− activations {gib(activations)} − reserve {gib(reserve_bytes)} leaves "
+            f"{gib(max(kv_budget, 0))}, less than one {length}-token sequence "
+            f"({gib(per_token * length)}): add GPUs or memory, or lower maxModelLen"
+        )
+    return MemoryBudget(
+        usable_bytes=usable,
+        weights_bytes=weights,
+        activation_bytes=activations,
+        reserve_bytes=reserve_bytes,
+        kv_bytes_per_token=per_token,
+        kv_budget_bytes=kv_budget,
+        sequence_length=length,
+        max_batch_size=kv_budget // (per_token * length),
+    )
+
+
+def gib(num_bytes: int) -> str:
+    """Bytes for humans: GiB from 1 GiB up, MiB below."""
+    if abs(num_bytes) >= 2**30:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB"
+
+
+def preset(name: str) -> Architecture:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+
+
+def architecture_from_hf_config(path: Path) -> Architecture:
+    """The architecture in an HF `config.json` (a missing key is one clear error)."""
+    config = json.loads(Path(path).read_text())
+    required = [k for k in HF_CONFIG_KEYS if k not in ("head_dim", "tie_word_embeddings")]
+    missing = [key for key in required if key not in config]
+    if "num_key_value_heads" in missing:
+        # Llama-1-style configs leave it out: plain multi-head attention.
+        config["num_key_value_heads"] = config.get("num_attention_heads")
+        missing.remove("num_key_value_heads")
+    if missing:
+        raise ValueError(f"{path}: config.json lacks {', '.join(missing)}")
+    return Architecture(**{k: config[k] for k in HF_CONFIG_KEYS if config.get(k) is not None})
+
+
+def architecture_for(spec: InferenceServiceSpec) -> Architecture:
+    """The architecture a spec names: explicit, else its preset, else its builtin's preset."""
+    if spec.model.architecture is not None:
+        return spec.model.architecture
+    if spec.model.preset is not None:
+        return preset(spec.model.preset)
+    return preset(spec.model.source.removeprefix("builtin:"))
+
+
+def plan_for_spec(
+    spec: InferenceServiceSpec, *, sequence_length: int | None = None
+) -> MemoryBudget:
+    """The budget of one pod of an InferenceService (raises ValueError when nothing fits)."""
+    return plan_memory(
+        architecture_for(spec),
+        gpu_memory_bytes=quantity_bytes(spec.runtime.gpu_memory),
+        gpus=spec.runtime.gpus_per_pod,
+        utilization=spec.memory.gpu_memory_utilization,
+        dtype=spec.model.dtype,
+        max_model_len=spec.memory.max_model_len,
+        reserve_bytes=quantity_bytes(spec.memory.reserve),
+        max_num_batched_tokens=spec.batching.max_num_batched_tokens,
+        sequence_length=sequence_length,
+    )
