@@ -301,6 +301,17 @@ class LastDecision(ApiModel):
     reason: str
 
 
+class LoopMemory(ApiModel):
+    """When the queue turned long or short and when each knob last moved (Unix seconds)."""
+
+    queue_high_since: float | None = None
+    queue_low_since: float | None = None
+    slo_breached_since: float | None = None
+    last_batch_increase: float | None = None
+    last_batch_decrease: float | None = None
+    last_replica_change: float | None = None
+
+
 class InferenceServiceStatus(ApiModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
@@ -312,10 +323,9 @@ class InferenceServiceStatus(ApiModel):
     batch_size: int | None = None
     memory: MemoryStatus | None = None
     last_decision: LastDecision | None = None
-    controller: dict[str, Any] | None = Field(
+    controller: LoopMemory | None = Field(
         default=None,
         description="The control loop's memory (stabilization timers), kept across restarts.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 
 def register(commands: Any) -> None:
+    register_operator(commands)
     crds = commands.add_parser("crds", help="print the InferenceService CRD (generated)")
     crds.set_defaults(func=run_crds)
 
@@ -39,6 +40,66 @@ def register(commands: Any) -> None:
     simulate.add_argument("--plot", default="out/simulate.png", help="where to write the plot")
     simulate.add_argument("--json", action="store_true", help="print every tick as JSON")
     simulate.set_defaults(func=run_simulate)
+
+
+def register_operator(commands: Any) -> None:
+    operator = commands.add_parser("operator", help="the Kubernetes operator")
+    sub = operator.add_subparsers(dest="operator_command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the operator (Kopf) against the current kubeconfig")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch (repeatable)")
+    run.add_argument("--prometheus-url", help="default Prometheus for services that name none")
+    run.add_argument("--peering", default="wok-operator", help="peering name (HA: one acts)")
+    run.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
+    run.add_argument("--priority", type=int, help="peering priority (default: random)")
+    run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness URL")
+    run.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
+    run.add_argument("--metrics-host", default="0.0.0.0")
+    run.add_argument(
+        "--pod-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra label on runtime pods (repeatable)",
+    )
+    run.add_argument("--log-format", choices=("json", "plain", "full"), default="json")
+    run.add_argument("--verbose", action="store_true")
+    run.set_defaults(func=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import random
+
+    import kopf
+    from prometheus_client import start_http_server
+
+    from wok_operator import handlers, startup  # noqa: F401 - registers the Kopf handlers
+    from wok_operator.handlers import OperatorConfig
+
+    labels = {}
+    for item in args.pod_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--pod-label wants KEY=VALUE, got {item!r}")
+        labels[key] = value
+    if not args.all_namespaces and not args.namespace:
+        raise ValueError("say which namespaces to watch: --namespace NS (repeatable) or -A")
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    config = OperatorConfig(prometheus_url=args.prometheus_url, extra_pod_labels=labels)
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespace,
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        # Equal priorities would pause every replica; the highest acts, the others stand by.
+        priority=args.priority if args.priority is not None else random.randint(1, 10_000),
+        liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
 
 
 def run_crds(args: argparse.Namespace) -> int:

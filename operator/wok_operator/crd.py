@@ -17,14 +17,17 @@ from wok_operator import api
 DROPPED_KEYS = {"title", "$defs"}
 
 PRINTER_COLUMNS = [
-    {"name": "Ready", "type": "string",
-     "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Batch", "type": "integer", "jsonPath": ".status.batchSize"},
     {"name": "Queue", "type": "number", "jsonPath": ".status.lastDecision.inputs.queuePerReplica"},
     {"name": "P99", "type": "number", "jsonPath": ".status.lastDecision.inputs.p99Seconds"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]  # fmt: skip
+]
 
 
 def structural(node: Any, defs: dict[str, Any]) -> Any:

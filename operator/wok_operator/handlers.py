@@ -1,0 +1,308 @@
+"""The Kopf handlers: reconcile each InferenceService, and run its control loop.
+
+Handlers are short and idempotent; the work is in pure functions (`resources`, `budget`, `loop`,
+`control`). Results go to status. Blocking Kubernetes calls run in threads, pod admin calls are
+async, and each service has its own daemon, so a slow service never delays another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import kopf
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from wok_operator import conditions as cond
+from wok_operator import metrics
+from wok_operator.actuate import Kube, push_batch_size
+from wok_operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec
+from wok_operator.budget import MemoryBudget, plan_for_spec
+from wok_operator.control import LawParams, decide
+from wok_operator.loop import (
+    PodView,
+    decision_status,
+    memory_status,
+    observe,
+    pod_view,
+    state_from_status,
+)
+from wok_operator.resources import (
+    MANAGED_BY,
+    SERVICE_LABEL,
+    admin_secret,
+    desired_batching_configmap,
+    desired_deployment,
+    desired_pod_monitor,
+    desired_service,
+)
+from wok_operator.signals import ServiceSignals, SignalsHub
+
+STATUS_HEARTBEAT_S = 60.0
+
+
+@dataclass
+class OperatorConfig:
+    """Operator-wide settings (from `wok operator run`), kept in Kopf's memo."""
+
+    prometheus_url: str | None = None
+    extra_pod_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Shared:
+    """Clients shared by all handlers (in memo, never in globals)."""
+
+    kube: Kube
+    config: OperatorConfig
+    hub: SignalsHub = field(default_factory=SignalsHub)
+    http: httpx.AsyncClient | None = None
+
+
+def shared(memo: Any) -> Shared:
+    return memo.wok
+
+
+def validated(spec: Any) -> tuple[InferenceServiceSpec, MemoryBudget]:
+    """The spec and its budget, or ValueError with the message a user needs."""
+    try:
+        parsed = InferenceServiceSpec.model_validate(dict(spec))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"invalid spec at {where or 'spec'}: {first['msg']}") from None
+    return parsed, plan_for_spec(parsed)
+
+
+# --- pods, indexed so that a tick costs no API call ----------------------------------------------
+
+
+@kopf.index("pods", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+def runtime_pods(
+    name: str, namespace: str, labels: kopf.Labels, meta: kopf.Meta, status: kopf.Status, **_: Any
+) -> dict[tuple[str, str], PodView]:
+    return {(namespace, labels.get(SERVICE_LABEL, "")): pod_view(name, dict(meta), dict(status))}
+
+
+# --- reconcile: desired state ---------------------------------------------------------------------
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile(
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    wok = shared(memo)
+    generation = meta.get("generation")
+    conditions = list(status.get("conditions") or [])
+    try:
+        parsed, plan = validated(spec)
+    except ValueError as error:
+        # Passes the schema but cannot work: say what to change, create nothing.
+        patch.status["conditions"] = cond.set_condition(
+            conditions, cond.DEGRADED, True, "InvalidSpec", str(error), generation=generation
+        )
+        patch.status["observedGeneration"] = generation
+        kopf.warn(body, reason="InvalidSpec", message=str(error))
+        metrics.RECONCILE_ERRORS.inc()
+        return
+    params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
+    state = state_from_status(dict(status), parsed, params)
+    batch = min(max(state.batch, params.batch_floor), params.batch_cap)
+    replicas = min(max(state.replicas, params.replicas_floor), params.replicas_max)
+
+    created_secret = wok.kube.create_once(
+        kopf.adopt(admin_secret(name, namespace, secrets.token_urlsafe(32)), owner=body)
+    )
+    owned = [
+        desired_batching_configmap(name, namespace, batch),
+        desired_deployment(
+            name,
+            namespace,
+            parsed,
+            budget=plan,
+            replicas=replicas,
+            extra_pod_labels=wok.config.extra_pod_labels,
+        ),
+        desired_service(name, namespace),
+    ]
+    if wok.kube.has_pod_monitors():
+        owned.append(desired_pod_monitor(name, namespace))
+    for obj in owned:
+        kopf.adopt(obj, owner=body)
+        wok.kube.apply(obj)
+    logger.info(
+        "reconciled: batch %d (memory cap %d), replicas %d%s",
+        batch,
+        plan.max_batch_size,
+        replicas,
+        ", admin token created" if created_secret else "",
+    )
+    conditions = cond.set_condition(
+        conditions, cond.DEGRADED, False, "SpecValid", generation=generation
+    )
+    conditions = cond.set_condition(
+        conditions,
+        cond.PROGRESSING,
+        True,
+        "Reconciled",
+        f"runtime Deployment applied for generation {generation}",
+        generation=generation,
+    )
+    patch.status.update(
+        {
+            "observedGeneration": generation,
+            "memory": memory_status(plan),
+            "batchSize": batch,
+            "replicas": replicas,
+            "conditions": conditions,
+        }
+    )
+
+
+# --- the control loop: one daemon per InferenceService -------------------------------------------
+
+
+@dataclass
+class LoopMemo:
+    """Per-service, per-process: what each pod has confirmed, and what status last said."""
+
+    applied: dict[str, int] = field(default_factory=dict)  # pod uid → batch size confirmed
+    last_written: dict[str, Any] = field(default_factory=dict)
+    last_write_at: float = 0.0
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=1.0)
+async def control_loop(
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str,
+    spec: kopf.Spec,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    runtime_pods: kopf.Index[tuple[str, str], PodView],
+    **_: Any,
+) -> None:
+    wok = shared(memo)
+    loop_memo = LoopMemo()
+    while not stopped:
+        interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
+        started = time.monotonic()
+        with metrics.CONTROL_LOOP_SECONDS.time():
+            try:
+                await tick(wok, loop_memo, name, namespace, body, runtime_pods, logger)
+            except (ApiException, httpx.HTTPError, OSError) as error:
+                metrics.RECONCILE_ERRORS.inc()
+                logger.warning("control tick failed, retrying next tick: %s", error)
+                kopf.warn(body, reason="ControlTickFailed", message=str(error)[:500])
+        await stopped.wait(max(0.1, interval - (time.monotonic() - started)))
+
+
+async def tick(
+    wok: Shared,
+    loop_memo: LoopMemo,
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    pods_index: kopf.Index[tuple[str, str], PodView],
+    logger: kopf.Logger,
+) -> None:
+    try:
+        parsed, plan = validated(body.get("spec", {}))
+    except ValueError:
+        return  # reconcile reports it as Degraded; there is nothing to control
+    status = dict(body.get("status") or {})
+    if "batchSize" not in status:
+        return  # not reconciled yet
+    key = (namespace, name)
+    window = parsed.slo.window_seconds
+    url = parsed.metrics.prometheus_url or wok.config.prometheus_url
+    signals, metrics_error = ServiceSignals(), "no Prometheus URL configured"
+    if url:
+        before = wok.hub.requests_total
+        rnd = await wok.hub.get(url, key, window=window, max_age_s=parsed.scaling.interval_seconds)
+        metrics.PROMQL_REQUESTS.inc(wok.hub.requests_total - before)
+        metrics_error = rnd.error
+        if rnd.error is None:
+            signals = rnd.signals(key, window)
+    if parsed.memory.length_estimate == "observedMean" and signals.mean_sequence_tokens:
+        length = min(parsed.memory.max_model_len, max(1, round(signals.mean_sequence_tokens)))
+        plan = plan_for_spec(parsed, sequence_length=length)
+    params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
+    pods = list(pods_index.get(key, []))
+    obs = observe(signals, pods)
+    decision = decide(state_from_status(status, parsed, params), obs, params, now=time.time())
+
+    # The status first (so a reconcile in between renders the new numbers), then the world.
+    patch = decision_status(
+        decision,
+        obs,
+        previous_conditions=status.get("conditions"),
+        generation=body.get("metadata", {}).get("generation"),
+        now=cond.now_iso(),
+        metrics_error=metrics_error,
+    )
+    patch["memory"] = memory_status(plan)
+    comparable = {**{k: v for k, v in patch.items() if k != "lastDecision"}, "why": decision.reason}
+    heartbeat = time.monotonic() - loop_memo.last_write_at > STATUS_HEARTBEAT_S
+    if decision.changed or comparable != loop_memo.last_written or heartbeat:
+        await asyncio.to_thread(wok.kube.patch_status, name, namespace, patch)
+        loop_memo.last_written, loop_memo.last_write_at = comparable, time.monotonic()
+    for knob, before, after in (
+        ("batch", decision.batch_before, decision.batch),
+        ("replicas", decision.replicas_before, decision.replicas),
+    ):
+        if after != before:
+            metrics.DECISIONS.labels(knob=knob, direction="up" if after > before else "down").inc()
+            kopf.info(body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
+    if decision.batch != decision.batch_before:
+        await asyncio.to_thread(wok.kube.set_batch_size, name, namespace, decision.batch)
+    current = await asyncio.to_thread(wok.kube.deployment_replicas, name, namespace)
+    if current is not None and current != decision.replicas:
+        await asyncio.to_thread(wok.kube.scale, name, namespace, decision.replicas)
+    await _push_to_pods(wok, loop_memo, name, namespace, pods, decision.batch, body, logger)
+
+
+async def _push_to_pods(
+    wok: Shared,
+    loop_memo: LoopMemo,
+    name: str,
+    namespace: str,
+    pods: list[PodView],
+    batch: int,
+    body: kopf.Body,
+    logger: kopf.Logger,
+) -> None:
+    """Every ready pod that has not confirmed `batch` gets it; a pod that misses it is retried."""
+    live = {pod.uid for pod in pods}
+    loop_memo.applied = {uid: b for uid, b in loop_memo.applied.items() if uid in live}
+    todo = [p for p in pods if p.ready and p.ip and loop_memo.applied.get(p.uid) != batch]
+    if not todo or wok.http is None:
+        return
+    token = await asyncio.to_thread(wok.kube.admin_token, name, namespace)
+    results = await push_batch_size(wok.http, [p.ip for p in todo if p.ip], token, batch)
+    for pod in todo:
+        outcome = results.get(pod.ip or "")
+        if isinstance(outcome, int):
+            loop_memo.applied[pod.uid] = batch
+            if outcome != batch:
+                logger.info("pod %s clamped batch %d to its capacity %d", pod.name, batch, outcome)
+        else:
+            logger.warning("pod %s missed batch %d (%s); retry next tick", pod.name, batch, outcome)
+            kopf.warn(body, reason="BatchPushFailed", message=f"pod {pod.name}: {outcome}")

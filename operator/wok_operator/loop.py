@@ -1,0 +1,179 @@
+"""One control-loop tick without the I/O: from pods and signals to an observation, from status to
+the law's state, and from a decision back to status. Pure functions; `handlers.py` does the I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from wok_operator import conditions as cond
+from wok_operator.api import InferenceServiceSpec, LoopMemory
+from wok_operator.budget import MemoryBudget
+from wok_operator.control import Decision, LawParams, LoopState, Observation
+from wok_operator.signals import ServiceSignals
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the loop needs of a runtime pod (kept in a Kopf index, so ticks cost no API call)."""
+
+    name: str
+    uid: str
+    ip: str | None
+    ready: bool
+    terminating: bool
+
+    @property
+    def pending(self) -> bool:
+        return not self.ready and not self.terminating
+
+
+def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView:
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return PodView(
+        name=name,
+        uid=meta.get("uid", ""),
+        ip=status.get("podIP"),
+        ready=ready and status.get("phase") == "Running",
+        terminating=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
+    ready = sum(1 for pod in pods if pod.ready)
+    pending = sum(1 for pod in pods if pod.pending)
+    per_replica = None
+    running = None
+    if ready and signals.waiting is not None:
+        per_replica = signals.waiting / ready
+    if ready and signals.running is not None:
+        running = signals.running / ready
+    return Observation(
+        queue_per_replica=per_replica,
+        p99_seconds=signals.p99_seconds,
+        kv_usage=signals.kv_usage,
+        ready_replicas=ready,
+        pending_replicas=pending,
+        p99_service_seconds=signals.p99_service_seconds,
+        running_per_replica=running,
+    )
+
+
+def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:
+    batch = min(max(spec.batching.initial_batch_size, params.batch_floor), params.batch_cap)
+    return LoopState(batch=batch, replicas=params.replicas_floor)
+
+
+def state_from_status(
+    status: dict[str, Any] | None, spec: InferenceServiceSpec, params: LawParams
+) -> LoopState:
+    """The law's memory as the last operator left it in status (a restart continues from it)."""
+    fresh = initial_state(spec, params)
+    status = status or {}
+    memory = LoopMemory.model_validate(status.get("controller") or {})
+    return LoopState(
+        batch=int(status.get("batchSize") or fresh.batch),
+        replicas=int(status.get("replicas") or fresh.replicas),
+        **memory.model_dump(),
+    )
+
+
+def memory_status(plan: MemoryBudget) -> dict[str, int]:
+    return {
+        "weightsBytes": plan.weights_bytes,
+        "activationBytes": plan.activation_bytes,
+        "kvCacheBytes": plan.kv_budget_bytes,
+        "reserveBytes": plan.reserve_bytes,
+        "kvBytesPerToken": plan.kv_bytes_per_token,
+        "maxBatchByMemory": plan.max_batch_size,
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, 4)
+
+
+def decision_status(
+    decision: Decision,
+    obs: Observation,
+    *,
+    previous_conditions: list[dict[str, Any]] | None,
+    generation: int | None,
+    now: str,
+    metrics_error: str | None = None,
+) -> dict[str, Any]:
+    """The status patch of one tick: the decision with its inputs, and the conditions."""
+    conditions = previous_conditions
+    ready_all = obs.ready_replicas >= max(decision.replicas, 1)
+
+    def put(type_: str, status: bool, reason: str, message: str = "") -> None:
+        nonlocal conditions
+        conditions = cond.set_condition(
+            conditions, type_, status, reason, message, generation=generation, now=now
+        )
+
+    if obs.ready_replicas == 0:
+        put(cond.READY, False, "NoReadyReplicas", "no runtime pod is ready yet")
+    elif ready_all:
+        put(cond.READY, True, "ReplicasReady", f"{obs.ready_replicas} replica(s) ready")
+    else:
+        put(
+            cond.READY,
+            True,
+            "PartiallyReady",
+            f"{obs.ready_replicas} of {decision.replicas} replica(s) ready",
+        )
+    if obs.pending_replicas:
+        put(cond.PODS_PENDING, True, "PodsStarting", f"{obs.pending_replicas} pod(s) not ready yet")
+    else:
+        put(cond.PODS_PENDING, False, "NoPendingPods")
+    put(
+        cond.PROGRESSING,
+        not ready_all or decision.changed,
+        "Scaling" if decision.changed else ("Stable" if ready_all else "Rollout"),
+        decision.reason,
+    )
+    if decision.metrics_missing:
+        put(cond.METRICS_UNAVAILABLE, True, "NoData", metrics_error or decision.reason)
+    else:
+        put(cond.METRICS_UNAVAILABLE, False, "MetricsFlowing")
+    put(
+        cond.SLO_BREACHED,
+        decision.slo_breached,
+        "P99AboveTarget" if decision.slo_breached else "P99WithinTarget",
+        f"P99 {obs.p99_seconds:.3f}s" if obs.p99_seconds is not None else "no P99 yet",
+    )
+    put(
+        cond.MEMORY_BOUND,
+        decision.memory_bound,
+        "BatchAtMemoryCap" if decision.memory_bound else "BatchBelowMemoryCap",
+    )
+    return {
+        "batchSize": decision.batch,
+        "replicas": decision.replicas,
+        "readyReplicas": obs.ready_replicas,
+        "lastDecision": {
+            "time": now,
+            "inputs": {
+                "queuePerReplica": _rounded(obs.queue_per_replica),
+                "p99Seconds": _rounded(obs.p99_seconds),
+                "kvUsage": _rounded(obs.kv_usage),
+                "readyReplicas": obs.ready_replicas,
+                "pendingReplicas": obs.pending_replicas,
+            },
+            "batch": {"from": decision.batch_before, "to": decision.batch},
+            "replicas": {"from": decision.replicas_before, "to": decision.replicas},
+            "reason": decision.reason,
+        },
+        "controller": LoopMemory.model_validate(
+            {k: v for k, v in asdict(decision.state).items() if k not in ("batch", "replicas")}
+        ).model_dump(by_alias=True),
+        "conditions": conditions,
+    }

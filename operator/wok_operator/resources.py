@@ -1,0 +1,284 @@
+"""The objects an InferenceService owns, rendered as plain dicts: pure functions, no I/O.
+
+The operator applies them with server-side apply; tests call these functions directly. Names are
+deterministic (`<service>-runtime`, …) so a restarted operator finds, never duplicates, its work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from wok_operator.api import InferenceServiceSpec
+from wok_operator.budget import MemoryBudget
+
+RUNTIME_PORT = 8000
+ADMIN_TOKEN_KEY = "token"
+ADMIN_TOKEN_DIR = "/etc/wok/admin"
+BATCH_SIZE_KEY = "maxBatchSize"
+SERVICE_LABEL = "wok.dev/service"
+MANAGED_BY = "wok-operator"
+FIELD_MANAGER = "wok-operator"
+
+
+def runtime_name(service: str) -> str:
+    return f"{service}-runtime"
+
+
+def admin_secret_name(service: str) -> str:
+    return f"{service}-admin"
+
+
+def batching_configmap_name(service: str) -> str:
+    return f"{service}-batching"
+
+
+def selector_labels(service: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "wok-runtime", "app.kubernetes.io/instance": service}
+
+
+def common_labels(service: str) -> dict[str, str]:
+    return {
+        **selector_labels(service),
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/part-of": "wok",
+        SERVICE_LABEL: service,
+    }
+
+
+def served_model_name(spec: InferenceServiceSpec) -> str:
+    return spec.model.served_name or spec.model.source.removeprefix("builtin:")
+
+
+def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
+    """`wok runtime serve` flags derived from the spec; the batch size comes from the ConfigMap."""
+    b, q, m = spec.batching, spec.queue, spec.memory
+    classes = ",".join(f"{c.name}={c.priority}" for c in q.priority_classes)
+    return [
+        "runtime",
+        "serve",
+        f"--model={spec.model.source}",
+        f"--served-model-name={served_model_name(spec)}",
+        "--host=$(POD_IP)",
+        f"--port={RUNTIME_PORT}",
+        f"--admin-token-file={ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
+        f"--mode={b.mode}",
+        "--max-batch-size=$(WOK_MAX_BATCH_SIZE)",
+        f"--max-wait-ms={b.max_wait_ms}",
+        f"--max-num-batched-tokens={b.max_num_batched_tokens}",
+        f"--max-queue={q.max_length}",
+        f"--queue-timeout={q.timeout_seconds:g}",
+        f"--priority-classes={classes}",
+        f"--aging-seconds={q.aging_seconds:g}",
+        f"--max-model-len={m.max_model_len}",
+        f"--dtype={spec.model.dtype}",
+        f"--kv-cache-bytes={budget.kv_budget_bytes}",
+        f"--gpu-memory-utilization={m.gpu_memory_utilization:g}",
+        f"--drain-seconds={spec.runtime.drain_seconds}",
+    ]
+
+
+def desired_deployment(
+    name: str,
+    namespace: str,
+    spec: InferenceServiceSpec,
+    *,
+    budget: MemoryBudget,
+    replicas: int,
+    extra_pod_labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The runtime Deployment: GPU pods running `wok runtime serve`, probed, locked down."""
+    labels = common_labels(name)
+    gpus = str(spec.runtime.gpus_per_pod)
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "admin-token",
+            "secret": {"secretName": admin_secret_name(name), "defaultMode": 0o400},
+        },
+        {"name": "cache", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+        {"name": "cache", "mountPath": "/var/cache/wok"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if spec.model.volume is not None:
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {
+                    "claimName": spec.model.volume.claim_name,
+                    "readOnly": spec.model.volume.read_only,
+                },
+            }
+        )
+        mounts.append(
+            {"name": "model", "mountPath": spec.model.volume.mount_path, "readOnly": True}
+        )
+    probe_port = {"port": "http"}
+    container = {
+        "name": "runtime",
+        "image": spec.runtime.image,
+        "command": ["wok"],
+        "args": runtime_args(spec, budget),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {
+                "name": "WOK_MAX_BATCH_SIZE",
+                "valueFrom": {
+                    "configMapKeyRef": {
+                        "name": batching_configmap_name(name),
+                        "key": BATCH_SIZE_KEY,
+                    }
+                },
+            },
+            {"name": "WOK_CACHE_DIR", "value": "/var/cache/wok"},
+            {"name": "HOME", "value": "/tmp"},
+        ],
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "resources": {
+            "requests": {
+                "cpu": spec.runtime.cpu,
+                "memory": spec.runtime.memory,
+                "nvidia.com/gpu": gpus,
+            },
+            "limits": {"memory": spec.runtime.memory, "nvidia.com/gpu": gpus},
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", **probe_port},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", **probe_port},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", **probe_port},
+            "periodSeconds": 2,
+            "failureThreshold": 300,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": runtime_name(name), "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": {**labels, **(extra_pod_labels or {})},
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(RUNTIME_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "containers": [container],
+                    "volumes": volumes,
+                    "terminationGracePeriodSeconds": spec.runtime.drain_seconds + 5,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "fsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                },
+            },
+        },
+    }
+
+
+def desired_service(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": runtime_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+        },
+        "spec": {
+            "selector": selector_labels(name),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def desired_batching_configmap(name: str, namespace: str, batch_size: int) -> dict[str, Any]:
+    """The decided batch size, read by new pods at start (so a scale-up never resets it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": batching_configmap_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+        },
+        "data": {BATCH_SIZE_KEY: str(batch_size)},
+    }
+
+
+def admin_secret(name: str, namespace: str, token: str) -> dict[str, Any]:
+    """The runtime's admin token: created once (never applied again, so never rotated by
+    accident) and never logged."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": admin_secret_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+        },
+        "stringData": {ADMIN_TOKEN_KEY: token},
+    }
+
+
+def desired_pod_monitor(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": runtime_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+        },
+        "spec": {
+            "selector": {"matchLabels": selector_labels(name)},
+            "podMetricsEndpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": "5s",
+                    # the operator's queries group by `service`, as in the emulated cluster
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_wok_dev_service"],
+                            "targetLabel": "service",
+                        }
+                    ],
+                }
+            ],
+        },
+    }

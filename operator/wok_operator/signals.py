@@ -1,0 +1,136 @@
+"""Signals from Prometheus: one round of PromQL serves every InferenceService at once.
+
+Each query aggregates `by (namespace, service)`, so a tick for N services costs a constant number
+of requests, not N. `SignalsHub` shares a round between the control loops of all services that
+read the same Prometheus: the first loop to find the last round older than its interval fetches a
+new one, the others reuse it. The metric names are the runtime's (`wok_runtime.metrics`); a test
+checks that every one named here is really exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+ServiceKey = tuple[str, str]  # (namespace, service)
+GROUP = "namespace, service"
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+INFERENCE_TIME = "vllm:request_inference_time_seconds"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+
+
+def round_queries(windows: Iterable[int]) -> dict[str, str]:
+    """Every PromQL query of one round, by signal name (pure)."""
+    queries = {
+        "waiting": f"sum by ({GROUP}) ({WAITING})",
+        "running": f"sum by ({GROUP}) ({RUNNING})",
+        "kv_usage": f"max by ({GROUP}) ({KV_USAGE})",
+    }
+    for window in sorted(set(windows)):
+        w = f"{window}s"
+        queries[f"p99:{window}"] = (
+            f"histogram_quantile(0.99, sum by ({GROUP}, le) (rate({E2E_LATENCY}_bucket[{w}])))"
+        )
+        queries[f"p99_service:{window}"] = (
+            f"histogram_quantile(0.99, sum by ({GROUP}, le) (rate({INFERENCE_TIME}_bucket[{w}])))"
+        )
+        queries[f"mean_tokens:{window}"] = (
+            f"(sum by ({GROUP}) (rate({PROMPT_TOKENS}[{w}]))"
+            f" + sum by ({GROUP}) (rate({GENERATION_TOKENS}[{w}])))"
+            f" / sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
+        )
+    return queries
+
+
+def parse_vector(result: list[dict[str, Any]]) -> dict[ServiceKey, float]:
+    """An instant vector, keyed by (namespace, service); NaN and ±Inf samples are dropped."""
+    values: dict[ServiceKey, float] = {}
+    for sample in result:
+        labels = sample.get("metric", {})
+        key = (labels.get("namespace", ""), labels.get("service", ""))
+        value = float(sample["value"][1])
+        if key[1] and math.isfinite(value):
+            values[key] = value
+    return values
+
+
+@dataclass(frozen=True)
+class ServiceSignals:
+    """What Prometheus says about one service; None where it has no (finite) sample."""
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None
+    p99_seconds: float | None = None
+    p99_service_seconds: float | None = None
+    mean_sequence_tokens: float | None = None
+
+
+@dataclass
+class Round:
+    fetched_at: float
+    vectors: dict[str, dict[ServiceKey, float]]
+    error: str | None = None
+
+    def signals(self, key: ServiceKey, window: int) -> ServiceSignals:
+        def get(name: str) -> float | None:
+            return self.vectors.get(name, {}).get(key)
+
+        return ServiceSignals(
+            waiting=get("waiting"),
+            running=get("running"),
+            kv_usage=get("kv_usage"),
+            p99_seconds=get(f"p99:{window}"),
+            p99_service_seconds=get(f"p99_service:{window}"),
+            mean_sequence_tokens=get(f"mean_tokens:{window}"),
+        )
+
+
+def fetch_round(url: str, windows: Iterable[int], timeout_s: float = 5.0) -> Round:
+    """One round of queries against `url` (blocking: run it in a thread)."""
+    from prometheus_api_client import PrometheusConnect
+
+    client = PrometheusConnect(url=url, disable_ssl=True)
+    vectors: dict[str, dict[ServiceKey, float]] = {}
+    started = time.monotonic()
+    try:
+        for name, query in round_queries(windows).items():
+            result = client.custom_query(query, params={"timeout": f"{timeout_s:g}s"})
+            vectors[name] = parse_vector(result)
+    except Exception as error:  # any failure means "no data": the law then holds
+        return Round(fetched_at=started, vectors={}, error=f"{type(error).__name__}: {error}")
+    return Round(fetched_at=started, vectors=vectors)
+
+
+@dataclass
+class SignalsHub:
+    """Shares rounds between control loops: one round per Prometheus per interval, for all."""
+
+    windows: set[int] = field(default_factory=lambda: {60})
+    rounds: dict[str, Round] = field(default_factory=dict)
+    requests_total: int = 0
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def get(self, url: str, key: ServiceKey, *, window: int, max_age_s: float) -> Round:
+        lock = self._locks.setdefault(url, asyncio.Lock())
+        async with lock:
+            current = self.rounds.get(url)
+            fresh = current is not None and time.monotonic() - current.fetched_at < max_age_s
+            if not fresh or window not in self.windows:
+                self.windows.add(window)
+                windows = sorted(self.windows)
+                current = await asyncio.to_thread(fetch_round, url, windows)
+                self.requests_total += len(round_queries(windows))
+                self.rounds[url] = current
+            assert current is not None
+            return current

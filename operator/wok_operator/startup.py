@@ -1,0 +1,51 @@
+"""One place that configures Kopf and builds the shared clients (kept in memo, not globals)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import kopf
+from kubernetes import client, config
+
+from wok_operator.actuate import Kube
+from wok_operator.handlers import OperatorConfig, Shared
+
+
+def load_kube_config() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = "wok.dev/finalizer"
+    # Status holds only what the CRD declares; Kopf's own bookkeeping goes to annotations.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="wok.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="wok.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    settings.batching.error_delays = [1, 2, 5, 10, 30]
+    settings.execution.max_workers = 16
+    operator_config: OperatorConfig = memo.get("config") or OperatorConfig()
+    memo.wok = Shared(
+        kube=Kube.from_api_client(load_kube_config()),
+        config=operator_config,
+        http=httpx.AsyncClient(timeout=httpx.Timeout(3.0)),
+    )
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    wok: Shared | None = memo.get("wok")
+    if wok is not None and wok.http is not None:
+        await wok.http.aclose()

@@ -1,0 +1,166 @@
+"""The operator's pure parts: manifests, conditions, the tick's observation and status, PromQL."""
+
+import math
+
+import pytest
+
+from wok_operator import conditions as cond
+from wok_operator.api import InferenceServiceSpec
+from wok_operator.budget import plan_for_spec
+from wok_operator.control import LawParams, LoopState, Observation, decide
+from wok_operator.loop import PodView, decision_status, observe, pod_view, state_from_status
+from wok_operator.resources import (
+    BATCH_SIZE_KEY,
+    desired_batching_configmap,
+    desired_deployment,
+    desired_service,
+    runtime_args,
+)
+from wok_operator.signals import Round, ServiceSignals, parse_vector, round_queries
+
+SPEC = InferenceServiceSpec.model_validate(
+    {
+        "runtime": {"gpuMemory": "256Mi", "gpusPerPod": 2},
+        "memory": {"maxModelLen": 512, "reserve": "16Mi"},
+        "model": {"dtype": "float32"},
+    }
+)
+PLAN = plan_for_spec(SPEC)
+
+
+def test_deployment_runs_the_runtime_with_flags_from_the_spec():
+    dep = desired_deployment(
+        "svc", "ns", SPEC, budget=PLAN, replicas=3, extra_pod_labels={"wok.dev/backed": "true"}
+    )
+    assert dep["metadata"]["name"] == "svc-runtime" and dep["spec"]["replicas"] == 3
+    pod = dep["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["wok"]
+    args = container["args"]
+    assert args[:2] == ["runtime", "serve"]
+    assert "--model=builtin:tiny" in args
+    assert "--max-model-len=512" in args
+    assert f"--kv-cache-bytes={PLAN.kv_budget_bytes}" in args
+    # The batch size comes from the ConfigMap at start, never from the template (no rollouts).
+    assert "--max-batch-size=$(WOK_MAX_BATCH_SIZE)" in args
+    env = {e["name"]: e for e in container["env"]}
+    assert env["WOK_MAX_BATCH_SIZE"]["valueFrom"]["configMapKeyRef"]["key"] == BATCH_SIZE_KEY
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+    assert not security["allowPrivilegeEscalation"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == SPEC.runtime.drain_seconds + 5
+    assert pod["metadata"]["labels"]["wok.dev/backed"] == "true"
+    assert pod["metadata"]["labels"]["wok.dev/service"] == "svc"
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    selector = dep["spec"]["selector"]["matchLabels"]
+    assert all(pod["metadata"]["labels"][k] == v for k, v in selector.items())
+
+
+def test_rendering_is_deterministic_and_the_configmap_carries_the_batch():
+    first = desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=1)
+    assert first == desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=1)
+    assert desired_batching_configmap("svc", "ns", 12)["data"] == {BATCH_SIZE_KEY: "12"}
+    assert (
+        desired_service("svc", "ns")["spec"]["selector"] == first["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_changing_the_slo_does_not_change_the_pod_template():
+    slower = SPEC.model_copy(update={"slo": SPEC.slo.model_copy(update={"p99_latency_seconds": 9})})
+    a = desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=1)["spec"]["template"]
+    b = desired_deployment("svc", "ns", slower, budget=PLAN, replicas=1)["spec"]["template"]
+    assert a == b
+
+
+def test_runtime_args_name_every_queue_class():
+    assert "--priority-classes=interactive=0,standard=1,batch=2" in runtime_args(SPEC, PLAN)
+
+
+def test_condition_transition_time_moves_only_on_status_change():
+    c = cond.set_condition([], "Ready", False, "Starting", now="t1", generation=1)
+    c = cond.set_condition(c, "Ready", False, "StillStarting", now="t2", generation=1)
+    assert c[0]["lastTransitionTime"] == "t1" and c[0]["reason"] == "StillStarting"
+    c = cond.set_condition(c, "Ready", True, "Up", now="t3", generation=2)
+    assert c[0]["lastTransitionTime"] == "t3" and c[0]["observedGeneration"] == 2
+    c = cond.set_condition(c, "Degraded", False, "Fine", now="t4")
+    assert [x["type"] for x in c] == ["Ready", "Degraded"]
+
+
+def pod(name: str, *, ready: bool, phase: str = "Running", deleting: bool = False) -> PodView:
+    meta = {"uid": name, **({"deletionTimestamp": "x"} if deleting else {})}
+    status = {
+        "phase": phase,
+        "podIP": "127.1.0.2",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    return pod_view(name, meta, status)
+
+
+def test_observation_divides_the_queue_by_ready_pods_only():
+    pods = [
+        pod("a", ready=True),
+        pod("b", ready=True),
+        pod("c", ready=False, phase="Pending"),
+        pod("d", ready=True, deleting=True),
+    ]
+    obs = observe(ServiceSignals(waiting=9, running=4, p99_seconds=1.5), pods)
+    assert obs.ready_replicas == 3 and obs.pending_replicas == 1
+    assert obs.queue_per_replica == 3 and obs.running_per_replica == pytest.approx(4 / 3)
+    assert observe(ServiceSignals(), pods).queue_per_replica is None
+    assert observe(ServiceSignals(waiting=5), []).queue_per_replica is None
+
+
+def test_state_round_trips_through_status():
+    params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
+    fresh = state_from_status({}, SPEC, params)
+    assert (fresh.batch, fresh.replicas) == (SPEC.batching.initial_batch_size, 1)
+    d = decide(fresh, Observation(20, 1.0, 0.2, 1, 0), params, now=100.0)
+    status = decision_status(
+        d, Observation(20, 1.0, 0.2, 1, 0), previous_conditions=None, generation=1, now="t"
+    )
+    restored = state_from_status(status, SPEC, params)
+    assert restored == d.state
+    assert status["lastDecision"]["batch"] == {"from": 8, "to": 12}
+    types = {c["type"]: c["status"] for c in status["conditions"]}
+    assert types["Ready"] == "True" and types["MetricsUnavailable"] == "False"
+    assert types["Progressing"] == "True"
+
+
+def test_missing_metrics_set_metrics_unavailable():
+    params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
+    obs = Observation(None, None, None, 1, 0)
+    d = decide(LoopState(batch=8, replicas=1), obs, params, now=0)
+    status = decision_status(
+        d,
+        obs,
+        previous_conditions=None,
+        generation=1,
+        now="t",
+        metrics_error="ConnectionError: refused",
+    )
+    unavailable = next(c for c in status["conditions"] if c["type"] == "MetricsUnavailable")
+    assert unavailable["status"] == "True" and "refused" in unavailable["message"]
+
+
+def test_one_round_is_a_constant_number_of_queries():
+    assert len(round_queries([60])) == 6
+    assert len(round_queries([60, 60])) == 6
+    assert len(round_queries([60, 120])) == 9
+    for query in round_queries([60]).values():
+        assert "by (namespace, service" in query
+
+
+def test_parse_vector_keys_by_service_and_drops_nan():
+    result = [
+        {"metric": {"namespace": "a", "service": "x"}, "value": [0, "3"]},
+        {"metric": {"namespace": "a", "service": "y"}, "value": [0, "NaN"]},
+        {"metric": {"namespace": "a"}, "value": [0, "1"]},
+    ]
+    assert parse_vector(result) == {("a", "x"): 3.0}
+    rnd = Round(fetched_at=0, vectors={"waiting": {("a", "x"): 3.0}, "p99:60": {}})
+    assert rnd.signals(("a", "x"), 60) == ServiceSignals(waiting=3.0)
+    assert math.isnan(float("nan"))
