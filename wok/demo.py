@@ -1,7 +1,8 @@
 """`wok demo`: wok's main job on an embedded default, on a laptop, in about a minute.
 
-It sizes a real model's KV cache from its architecture (the memory budget), then runs the control
-law over a scripted busy hour and writes the plot of the loop over time.
+It sizes a real model's KV cache from its architecture (the memory budget), runs the control law
+over a scripted busy hour (plot), then runs it live: a real runtime process under a real burst of
+requests, its batch size moved through the admin API (plot).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 def register(commands: Any) -> None:
     parser = commands.add_parser("demo", help="run the demo on an embedded default")
     parser.add_argument("--out", type=Path, default=Path("out"), help="where plots go")
+    parser.add_argument("--no-live", action="store_true", help="skip the live runtime part")
     parser.set_defaults(func=run)
 
 
@@ -41,4 +43,14 @@ def run(args: argparse.Namespace) -> int:
     plot_path = args.out / "simulate.png"
     run_simulate(argparse.Namespace(spec=None, batch_mem=None, plot=str(plot_path), json=False))
     print(f"\nThe control loop over time: {plot_path}")
+    if args.no_live:
+        return 0
+    from wok.live_demo import plot_live, run_live
+
+    print("\n== 3. Live: a real runtime (builtin:tiny) under a burst, batch moved by the law ==")
+    ticks = run_live(args.out)
+    live_path = args.out / "demo-live.png"
+    plot_live(ticks, live_path)
+    peak = max(tick.batch for tick in ticks)
+    print(f"\nbatch 2 → {peak} under the burst, {ticks[-1].batch} after it; plot: {live_path}")
     return 0

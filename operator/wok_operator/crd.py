@@ -99,7 +99,7 @@ def inference_service_crd() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": {**spec_schema, "default": {}},
+            "spec": spec_schema,
             "status": status_schema,
         },
         "required": ["spec"],

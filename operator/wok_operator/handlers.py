@@ -126,9 +126,9 @@ def reconcile(
     batch = min(max(state.batch, params.batch_floor), params.batch_cap)
     replicas = min(max(state.replicas, params.replicas_floor), params.replicas_max)
 
-    created_secret = wok.kube.create_once(
-        kopf.adopt(admin_secret(name, namespace, secrets.token_urlsafe(32)), owner=body)
-    )
+    secret = admin_secret(name, namespace, secrets.token_urlsafe(32))
+    kopf.adopt(secret, owner=body)
+    created_secret = wok.kube.create_once(secret)
     owned = [
         desired_batching_configmap(name, namespace, batch),
         desired_deployment(
@@ -185,6 +185,7 @@ class LoopMemo:
     applied: dict[str, int] = field(default_factory=dict)  # pod uid → batch size confirmed
     last_written: dict[str, Any] = field(default_factory=dict)
     last_write_at: float = 0.0
+    scaled_to: int | None = None  # the replica count the Deployment was last seen or set at
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=1.0)
@@ -235,9 +236,7 @@ async def tick(
     url = parsed.metrics.prometheus_url or wok.config.prometheus_url
     signals, metrics_error = ServiceSignals(), "no Prometheus URL configured"
     if url:
-        before = wok.hub.requests_total
         rnd = await wok.hub.get(url, key, window=window, max_age_s=parsed.scaling.interval_seconds)
-        metrics.PROMQL_REQUESTS.inc(wok.hub.requests_total - before)
         metrics_error = rnd.error
         if rnd.error is None:
             signals = rnd.signals(key, window)
@@ -273,9 +272,12 @@ async def tick(
             kopf.info(body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
     if decision.batch != decision.batch_before:
         await asyncio.to_thread(wok.kube.set_batch_size, name, namespace, decision.batch)
-    current = await asyncio.to_thread(wok.kube.deployment_replicas, name, namespace)
-    if current is not None and current != decision.replicas:
-        await asyncio.to_thread(wok.kube.scale, name, namespace, decision.replicas)
+    if decision.replicas != loop_memo.scaled_to or heartbeat:
+        # Read before writing: someone may have scaled by hand; the law's number wins.
+        current = await asyncio.to_thread(wok.kube.deployment_replicas, name, namespace)
+        if current is not None and current != decision.replicas:
+            await asyncio.to_thread(wok.kube.scale, name, namespace, decision.replicas)
+        loop_memo.scaled_to = decision.replicas if current is not None else None
     await _push_to_pods(wok, loop_memo, name, namespace, pods, decision.batch, body, logger)
 
 

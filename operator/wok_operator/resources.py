@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from wok_operator.api import InferenceServiceSpec
+from wok_operator.api import InferenceServiceSpec, quantity_bytes
 from wok_operator.budget import MemoryBudget
 
 RUNTIME_PORT = 8000
@@ -48,6 +48,11 @@ def common_labels(service: str) -> dict[str, str]:
 
 def served_model_name(spec: InferenceServiceSpec) -> str:
     return spec.model.served_name or spec.model.source.removeprefix("builtin:")
+
+
+def cpu_threads(cpu: str) -> int:
+    """Threads for a CPU request such as `2` or `1500m`: at least one."""
+    return max(1, int(quantity_bytes(cpu)))
 
 
 def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
@@ -134,6 +139,9 @@ def desired_deployment(
                 },
             },
             {"name": "WOK_CACHE_DIR", "value": "/var/cache/wok"},
+            # torch sizes its thread pool from the node's cores, not the pod's CPU: oversubscribed
+            # threads spin-wait on each other.
+            {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.runtime.cpu))},
             {"name": "HOME", "value": "/tmp"},
         ],
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from wok_operator.metrics import PROMQL_REQUESTS
+
 ServiceKey = tuple[str, str]  # (namespace, service)
 GROUP = "namespace, service"
 
@@ -131,6 +133,7 @@ class SignalsHub:
                 windows = sorted(self.windows)
                 current = await asyncio.to_thread(fetch_round, url, windows)
                 self.requests_total += len(round_queries(windows))
+                PROMQL_REQUESTS.inc(len(round_queries(windows)))
                 self.rounds[url] = current
             assert current is not None
             return current

@@ -1,4 +1,8 @@
-"""Commands of this part of wok, registered into the `wok` CLI (filled in by its issue)."""
+"""Commands of the runtime, registered into the `wok` CLI: `wok runtime …` and `wok bench …`.
+
+Shared between the runtime engineers: each command has its own `_register_*` function, called
+from `register`; heavy imports (torch, fastapi) stay inside the handlers.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,153 @@ import argparse
 from typing import Any
 
 
+def _group(commands: Any, name: str, help_text: str) -> Any:
+    """The sub-command group `wok NAME`, created once (two parts may both add commands to it)."""
+    existing = commands.choices.get(name)
+    if existing is not None:
+        return existing._wok_commands
+    parser = commands.add_parser(name, help=help_text)
+    group = parser.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+    parser._wok_commands = group
+    return group
+
+
 def register(commands: Any) -> None:
-    del commands
+    runtime = _group(commands, "runtime", "the inference runtime (serve a model)")
+    bench = _group(commands, "bench", "benchmarks of the runtime")
+    _register_serve(runtime)
+    _register_bench_http(bench)
+    _register_bench_engine(bench)
+    _register_model(_group(commands, "model", "model files (export a built-in model)"))
 
 
-def _unused(args: argparse.Namespace) -> int:
+# --- wok runtime serve (server.py) ---------------------------------------------------------------
+
+
+def _register_serve(runtime: Any) -> None:
+    p = runtime.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("--model", default="builtin:tiny", help="model source (builtin:NAME or a dir)")
+    p.add_argument("--served-model-name", default=None, help="name in the API (default: --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--admin-token-file",
+        default=None,
+        help="bearer token for /admin (or env "
+        "WOK_ADMIN_TOKEN); without one the admin API is disabled",
+    )
+    p.add_argument("--mode", choices=("continuous", "static", "serial"), default="continuous")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=int, default=0)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size on CPU")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--priority-classes", default="interactive=0,standard=1,batch=2")
+    p.add_argument("--aging-seconds", type=float, default=10.0)
+    p.add_argument("--tenant-kv-share", type=float, default=1.0)
+    p.add_argument("--drain-seconds", type=float, default=30.0)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from wok_runtime.server import serve_from_args
+
+    return serve_from_args(args)
+
+
+# --- wok bench http (bench_http.py) --------------------------------------------------------------
+
+
+def _register_bench_http(bench: Any) -> None:
+    p = bench.add_parser("http", help="load-test a running server over HTTP")
+    p.add_argument(
+        "--url",
+        action="append",
+        default=None,
+        help="server base URL (repeatable: client-side round robin); loopback only",
+    )
+    p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--num-requests", type=int, default=100)
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals per second (default: all at once)",
+    )
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--trace", default=None, help="replay an Azure LLM trace CSV")
+    p.add_argument("--trace-speedup", type=float, default=1.0)
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--max-input-len", type=int, default=None, help="clip trace prompt lengths")
+    p.add_argument("--max-output-len", type=int, default=None, help="clip trace output lengths")
+    p.add_argument("--slo-ttft", type=float, default=None, help="goodput TTFT target (s)")
+    p.add_argument("--slo-e2e", type=float, default=None, help="goodput E2E target (s)")
+    p.add_argument("--duration", type=float, default=600.0, help="hard time bound (s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_bench_http)
+
+
+def _bench_http(args: argparse.Namespace) -> int:
+    from wok_runtime.bench_http import run_from_args
+
+    return run_from_args(args)
+
+
+# --- wok model export (builtin.py, loader.py) ----------------------------------------------------
+
+
+def _register_model(model: Any) -> None:
+    p = model.add_parser(
+        "export", help="write a model (e.g. builtin:tiny) as a Hugging Face directory"
+    )
+    p.add_argument("source", help="builtin:NAME or a Hugging Face model directory")
+    p.add_argument("out", help="directory to write (must not exist or be empty)")
+    p.add_argument(
+        "--max-shard-mb",
+        type=float,
+        default=None,
+        help="split the weights into safetensors shards of at most this size, with an index",
+    )
+    p.set_defaults(func=_model_export)
+
+
+def _model_export(args: argparse.Namespace) -> int:
+    from wok_runtime.loader import export_model
+
+    if args.max_shard_mb is not None and args.max_shard_mb <= 0:
+        raise ValueError("--max-shard-mb must be positive")
+    shard = None if args.max_shard_mb is None else int(args.max_shard_mb * 1024 * 1024)
+    out = export_model(args.source, args.out, max_shard_bytes=shard)
+    print(out)
     return 0
+
+
+# --- wok bench engine (bench_engine.py) ----------------------------------------------------------
+
+
+def _register_bench_engine(bench: Any) -> None:
+    from wok_runtime.bench_engine import register_arguments  # argparse only, no torch
+
+    p = bench.add_parser("engine", help="offline engine benchmark by batching mode (no HTTP)")
+    register_arguments(p)
+    p.set_defaults(func=_bench_engine)
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from wok_runtime.bench_engine import run_from_args
+
+    return run_from_args(args)

@@ -79,20 +79,41 @@ def test_every_status_field_is_declared_so_none_is_pruned():
     example = api.InferenceServiceStatus.model_validate(
         {
             "observedGeneration": 3,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady",
-                            "lastTransitionTime": "2026-11-29T00:00:00Z",
-                            "observedGeneration": 3}],
-            "replicas": 2, "readyReplicas": 2, "batchSize": 16,
-            "memory": {"weightsBytes": 1, "activationBytes": 2, "kvCacheBytes": 3,
-                       "reserveBytes": 4, "kvBytesPerToken": 5, "maxBatchByMemory": 6},
-            "lastDecision": {"time": "2026-11-29T00:00:00Z",
-                             "inputs": {"queuePerReplica": 1.0, "p99Seconds": 0.5,
-                                        "kvUsage": 0.3, "readyReplicas": 2,
-                                        "pendingReplicas": 0},
-                             "batch": {"from": 8, "to": 12}, "replicas": {"from": 2, "to": 2},
-                             "reason": "batch 8→12"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "AllReplicasReady",
+                    "lastTransitionTime": "2026-11-29T00:00:00Z",
+                    "observedGeneration": 3,
+                }
+            ],
+            "replicas": 2,
+            "readyReplicas": 2,
+            "batchSize": 16,
+            "memory": {
+                "weightsBytes": 1,
+                "activationBytes": 2,
+                "kvCacheBytes": 3,
+                "reserveBytes": 4,
+                "kvBytesPerToken": 5,
+                "maxBatchByMemory": 6,
+            },
+            "lastDecision": {
+                "time": "2026-11-29T00:00:00Z",
+                "inputs": {
+                    "queuePerReplica": 1.0,
+                    "p99Seconds": 0.5,
+                    "kvUsage": 0.3,
+                    "readyReplicas": 2,
+                    "pendingReplicas": 0,
+                },
+                "batch": {"from": 8, "to": 12},
+                "replicas": {"from": 2, "to": 2},
+                "reason": "batch 8→12",
+            },
         }
-    ).model_dump(by_alias=True, exclude_none=True)  # fmt: skip
+    ).model_dump(by_alias=True, exclude_none=True)
 
     def declared(value: object, schema: dict, path: str) -> None:
         if isinstance(value, dict):

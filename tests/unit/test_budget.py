@@ -35,9 +35,12 @@ def test_parameter_counts_match_the_published_models(name, billions):
 
 def test_llama2_7b_on_80gi_fits_29_full_length_sequences():
     plan = budget.plan_memory(
-        budget.preset("llama-2-7b"), gpu_memory_bytes=80 * GIB, utilization=0.9,
-        max_model_len=4096, dtype="float16",
-    )  # fmt: skip
+        budget.preset("llama-2-7b"),
+        gpu_memory_bytes=80 * GIB,
+        utilization=0.9,
+        max_model_len=4096,
+        dtype="float16",
+    )
     assert plan.weights_bytes == 6_738_415_616 * 2
     expected_kv = int(80 * GIB * 0.9) - plan.weights_bytes - plan.activation_bytes - 512 * 2**20
     assert plan.kv_budget_bytes == expected_kv
@@ -48,8 +51,9 @@ def test_llama2_7b_on_80gi_fits_29_full_length_sequences():
 def test_shorter_observed_sequences_fit_more():
     arch = budget.preset("llama-3-8b")
     full = budget.plan_memory(arch, gpu_memory_bytes=80 * GIB, max_model_len=8192)
-    mean = budget.plan_memory(arch, gpu_memory_bytes=80 * GIB, max_model_len=8192,
-                              sequence_length=1024)  # fmt: skip
+    mean = budget.plan_memory(
+        arch, gpu_memory_bytes=80 * GIB, max_model_len=8192, sequence_length=1024
+    )
     assert mean.max_batch_size == full.kv_budget_bytes // (131_072 * 1024)
     assert mean.max_batch_size >= 8 * full.max_batch_size
 
@@ -103,16 +107,31 @@ def wok(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_json_round_trips_the_plan():
-    result = wok("budget", "--preset", "llama-2-7b", "--gpu-memory", "80Gi",
-                 "--utilization", "0.9", "--max-model-len", "4096", "--json")  # fmt: skip
+    result = wok(
+        "budget",
+        "--preset",
+        "llama-2-7b",
+        "--gpu-memory",
+        "80Gi",
+        "--utilization",
+        "0.9",
+        "--max-model-len",
+        "4096",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
-    plan = budget.plan_memory(budget.preset("llama-2-7b"), gpu_memory_bytes=80 * GIB,
-                              utilization=0.9, max_model_len=4096)  # fmt: skip
+    plan = budget.plan_memory(
+        budget.preset("llama-2-7b"), gpu_memory_bytes=80 * GIB, utilization=0.9, max_model_len=4096
+    )
     assert json.loads(result.stdout) == plan.as_json()
     assert set(json.loads(result.stdout)) == {
-        "weights_bytes", "activation_bytes", "reserve_bytes", "kv_bytes_per_token",
-        "kv_budget_bytes", "max_batch_size",
-    }  # fmt: skip
+        "weights_bytes",
+        "activation_bytes",
+        "reserve_bytes",
+        "kv_bytes_per_token",
+        "kv_budget_bytes",
+        "max_batch_size",
+    }
 
 
 def test_cli_table_shows_the_memory_map():

@@ -102,8 +102,13 @@ def test_slo_breach_never_raises_the_batch(state, obs, params, now):
     now=st.floats(1000, 2000),
 )
 def test_missing_data_holds_and_never_scales_to_zero(state, params, queue, ready, now):
-    obs = Observation(queue_per_replica=queue, p99_seconds=math.nan, kv_usage=None,
-                      ready_replicas=ready, pending_replicas=0)  # fmt: skip
+    obs = Observation(
+        queue_per_replica=queue,
+        p99_seconds=math.nan,
+        kv_usage=None,
+        ready_replicas=ready,
+        pending_replicas=0,
+    )
     d = decide(state, obs, params, now)
     assert d.metrics_missing
     assert d.batch == clipped(state.batch, params.batch_floor, params.batch_cap)
@@ -117,11 +122,24 @@ def default_params(**overrides: float) -> LawParams:
     return LawParams(**{**LawParams.from_spec(spec, batch_mem=64).__dict__, **overrides})
 
 
-def obs(queue: float, *, p99: float = 1.0, ready: int = 1, pending: int = 0,
-        service: float | None = None, running: float | None = None) -> Observation:  # fmt: skip
-    return Observation(queue_per_replica=queue, p99_seconds=p99, kv_usage=0.5,
-                       ready_replicas=ready, pending_replicas=pending,
-                       p99_service_seconds=service, running_per_replica=running)  # fmt: skip
+def obs(
+    queue: float,
+    *,
+    p99: float = 1.0,
+    ready: int = 1,
+    pending: int = 0,
+    service: float | None = None,
+    running: float | None = None,
+) -> Observation:
+    return Observation(
+        queue_per_replica=queue,
+        p99_seconds=p99,
+        kv_usage=0.5,
+        ready_replicas=ready,
+        pending_replicas=pending,
+        p99_service_seconds=service,
+        running_per_replica=running,
+    )
 
 
 def test_queue_above_target_raises_the_batch_at_once():
@@ -179,8 +197,12 @@ def test_scale_down_needs_the_whole_window_and_must_fit():
         assert d.replicas == 3
     d = decide(d.state, obs(0, ready=3, running=10), params, now=120)
     assert d.replicas == 2 and "queue short for 120s" in d.reason
-    crowded = decide(LoopState(batch=64, replicas=3, queue_low_since=0), obs(0, ready=3,
-                     running=60), params, now=500)  # fmt: skip
+    crowded = decide(
+        LoopState(batch=64, replicas=3, queue_low_since=0),
+        obs(0, ready=3, running=60),
+        params,
+        now=500,
+    )
     assert crowded.replicas == 3 and "could not hold the load" in crowded.reason
 
 
@@ -223,9 +245,14 @@ def steady_plant(demand: float, state: LoopState) -> Observation:
     """`demand` requests in the system; each replica runs up to `batch`, the rest wait."""
     per_replica = demand / state.replicas
     running = min(per_replica, state.batch)
-    return Observation(queue_per_replica=per_replica - running, p99_seconds=0.5, kv_usage=0.2,
-                       ready_replicas=state.replicas, pending_replicas=0,
-                       running_per_replica=running)  # fmt: skip
+    return Observation(
+        queue_per_replica=per_replica - running,
+        p99_seconds=0.5,
+        kv_usage=0.2,
+        ready_replicas=state.replicas,
+        pending_replicas=0,
+        running_per_replica=running,
+    )
 
 
 @settings(max_examples=100, deadline=None)

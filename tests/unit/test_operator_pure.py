@@ -46,6 +46,7 @@ def test_deployment_runs_the_runtime_with_flags_from_the_spec():
     env = {e["name"]: e for e in container["env"]}
     assert env["WOK_MAX_BATCH_SIZE"]["valueFrom"]["configMapKeyRef"]["key"] == BATCH_SIZE_KEY
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["OMP_NUM_THREADS"]["value"] == "2"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"

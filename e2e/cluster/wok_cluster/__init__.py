@@ -1,1 +1,2 @@
-"""A real Kubernetes control plane for tests and `wok dev`: upstream binaries, emulated GPU nodes."""
+"""A real Kubernetes control plane for tests and `wok dev`: upstream binaries, emulated GPU
+nodes, pods backed by local processes, a real Prometheus."""

@@ -1,14 +1,92 @@
-"""Commands of this part of wok, registered into the `wok` CLI (filled in by its issue)."""
+"""`wok dev up|down|status|kubeconfig|build` (and `wok dev backer`, which `up` runs detached).
+
+Heavy imports stay inside the handlers so `wok --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 
 def register(commands: Any) -> None:
-    del commands
+    dev = commands.add_parser("dev", help="a local emulated Kubernetes cluster with GPU nodes")
+    sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
+
+    up = sub.add_parser("up", help="start etcd, apiserver, controllers, KWOK nodes, Prometheus")
+    up.add_argument("--nodes", type=int, default=2, help="emulated GPU nodes (default 2)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node")
+    up.set_defaults(func=_up)
+    sub.add_parser("down", help="stop everything `up` started").set_defaults(func=_down)
+    sub.add_parser("status", help="what is running").set_defaults(func=_status)
+    sub.add_parser("kubeconfig", help="print the admin kubeconfig path").set_defaults(
+        func=_kubeconfig
+    )
+    sub.add_parser("build", help="build the pinned control-plane binaries").set_defaults(
+        func=_build
+    )
+    backer = sub.add_parser("backer", help="run the pod backer in the foreground (used by up)")
+    backer.add_argument("--kubeconfig", required=True)
+    backer.add_argument("--state-dir", required=True)
+    backer.set_defaults(func=_backer)
 
 
-def _unused(args: argparse.Namespace) -> int:
+def _up(args: argparse.Namespace) -> int:
+    from wok_cluster.devenv import DevEnvironment
+
+    try:
+        state = DevEnvironment().up(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    except RuntimeError as error:
+        print(f"wok dev up: {error}", file=sys.stderr)
+        return 1
+    seconds = state["seconds"]
+    print(
+        f"# cluster up in {seconds['cluster_ready']}s (apiserver {seconds['apiserver_ready']}s); "
+        f"nodes {', '.join(state['nodes'])}; Prometheus {state['prometheus']}",
+        file=sys.stderr,
+    )
+    print(f"export KUBECONFIG={state['kubeconfig']}")
     return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from wok_cluster.devenv import DevEnvironment
+
+    stopped = DevEnvironment().down()
+    print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from wok_cluster.devenv import DevEnvironment
+
+    status = DevEnvironment().status()
+    print(json.dumps(status, indent=2))
+    return 0 if status["up"] else 1
+
+
+def _kubeconfig(args: argparse.Namespace) -> int:
+    from wok_cluster.devenv import DevEnvironment
+
+    state = DevEnvironment().load()
+    if state is None:
+        print("wok dev kubeconfig: not up (run `wok dev up`)", file=sys.stderr)
+        return 1
+    print(state["kubeconfig"])
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from wok_cluster import binaries
+
+    binaries.build()
+    print(binaries.bin_dir())
+    return 0
+
+
+def _backer(args: argparse.Namespace) -> int:
+    from wok_cluster.backer import main
+
+    return main(args)

@@ -1,0 +1,234 @@
+"""One backed pod: its containers as local processes and the pod status the kubelet would report."""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from wok_cluster.container import Container, LaunchSpec, now_rfc3339
+from wok_cluster.expand import expand, field_ref, resource_field_ref
+from wok_cluster.kubeapi import KubeApi, KubeError
+from wok_cluster.process import RUN_MARKER
+from wok_cluster.volumes import VolumeError, materialize, mount_table, rewrite
+
+# host variables a pod process inherits: enough to find programs and caches, nothing cluster-ish
+# (no KUBERNETES_SERVICE_HOST: that would point clients at a ClusterIP)
+PASSTHROUGH_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "HF_HOME",
+    "TORCH_HOME",
+    "XDG_CACHE_HOME",
+    "HF_HUB_OFFLINE",
+    RUN_MARKER,
+)
+
+
+RETRY_SECONDS = 1.0  # a missing Secret or ConfigMap is looked up again this often
+
+
+def map_program(program: str) -> str:
+    """`wok` and `python` mean this environment's (the image would ship both)."""
+    bin_dir = Path(sys.executable).parent
+    if program == "wok":
+        return str(bin_dir / "wok")
+    if program in ("python", "python3"):
+        return sys.executable
+    return program
+
+
+class BackedPod:
+    def __init__(self, pod: Mapping[str, Any], directory: Path) -> None:
+        self.pod = pod
+        self.uid: str = pod["metadata"]["uid"]
+        self.directory = directory
+        policy = pod["spec"].get("restartPolicy", "Always")
+        self.containers = [Container(spec, policy) for spec in pod["spec"]["containers"]]
+        self.started = False
+        self.terminating = False
+        self._transitions: dict[str, tuple[str, str]] = {}
+        self.last_patch: dict[str, Any] | None = None
+        self.last_patch_time = 0.0
+        self._next_try = 0.0
+
+    @property
+    def key(self) -> str:
+        meta = self.pod["metadata"]
+        return f"{meta['namespace']}/{meta['name']}"
+
+    @property
+    def pod_ip(self) -> str:
+        return str(self.pod.get("status", {}).get("podIP", ""))
+
+    @property
+    def grace_seconds(self) -> float:
+        meta, spec = self.pod["metadata"], self.pod["spec"]
+        grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds"))
+        return float(30 if grace is None else grace)
+
+    def try_start(self, api: KubeApi) -> None:
+        """Materializes volumes and starts every container; retried while a volume is missing."""
+        if time.monotonic() < self._next_try:
+            return
+        self._next_try = time.monotonic() + RETRY_SECONDS
+        try:
+            volume_dirs = materialize(api, self.pod, self.directory / "volumes")
+            launches = [self._launch(api, c.spec, volume_dirs) for c in self.containers]
+        except (VolumeError, KubeError, ValueError) as error:
+            for container in self.containers:
+                container.fail_config("CreateContainerConfigError", str(error))
+            return
+        for container, launch in zip(self.containers, launches, strict=True):
+            if launch.argv:
+                container.start(launch)
+            else:
+                container.fail_config(
+                    "CreateContainerError",
+                    "no command: images are not run here, a backed container needs `command`",
+                )
+        self.started = True
+
+    def tick(self) -> None:
+        for container in self.containers:
+            container.tick(self.pod_ip)
+
+    def stop(self, grace: float) -> None:
+        for container in self.containers:
+            container.stop(grace)
+
+    def status(self) -> dict[str, Any]:
+        statuses = [c.status() for c in self.containers]
+        all_ready = all(s["ready"] for s in statuses)
+        if all(c.done for c in self.containers) and self.started:
+            failed = any(s["state"]["terminated"]["exitCode"] != 0 for s in statuses)
+            phase = "Failed" if failed else "Succeeded"
+        elif self.started and any(
+            c.running or c.restart_count or c.last_terminated for c in self.containers
+        ):
+            phase = "Running"
+        else:
+            phase = "Pending"
+        ready = "True" if all_ready else "False"
+        not_ready = [s["name"] for s in statuses if not s["ready"]]
+        message = f"containers with unready status: [{' '.join(not_ready)}]" if not_ready else ""
+        conditions = [
+            self._condition("Initialized", "True", ""),
+            self._condition("ContainersReady", ready, message),
+            self._condition("Ready", ready, message),
+        ]
+        return {"phase": phase, "conditions": conditions, "containerStatuses": statuses}
+
+    def _condition(self, kind: str, status: str, message: str) -> dict[str, Any]:
+        # lastTransitionTime moves only when the status does
+        previous = self._transitions.get(kind)
+        if previous is None or previous[0] != status:
+            self._transitions[kind] = (status, now_rfc3339())
+        condition = {
+            "type": kind,
+            "status": status,
+            "lastProbeTime": None,
+            "lastTransitionTime": self._transitions[kind][1],
+        }
+        if status == "True":
+            # null deletes the field in a strategic merge patch: no stale "ContainersNotReady"
+            condition |= {"reason": None, "message": None}
+        else:
+            condition |= {"reason": "ContainersNotReady", "message": message}
+        return condition
+
+    def needs_report(self, status: Mapping[str, Any]) -> bool:
+        """Whether the pod object disagrees with what the backer knows (someone else may have
+        changed it, e.g. the node controller marking pods unready), or was never told."""
+        if status != self.last_patch:
+            return True
+        observed = self.pod.get("status", {})
+        if observed.get("phase") != status["phase"]:
+            return True
+        seen = {c["type"]: c["status"] for c in observed.get("conditions", [])}
+        if any(seen.get(c["type"]) != c["status"] for c in status["conditions"]):
+            return True
+        return [_summary(c) for c in observed.get("containerStatuses", [])] != [
+            _summary(c) for c in status["containerStatuses"]
+        ]
+
+    def _launch(
+        self, api: KubeApi, spec: Mapping[str, Any], volume_dirs: Mapping[str, Path]
+    ) -> LaunchSpec:
+        mounts = mount_table(spec, volume_dirs)
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        env["HOSTNAME"] = self.pod["metadata"]["name"]
+        for source in spec.get("envFrom", []):
+            env |= {
+                (source.get("prefix", "") + k): v for k, v in self._env_from(api, source).items()
+            }
+        for var in spec.get("env", []):
+            env[var["name"]] = rewrite(self._env_value(api, spec, var, env), mounts)
+        argv = [
+            rewrite(expand(arg, env), mounts)
+            for arg in [*spec.get("command", []), *spec.get("args", [])]
+        ]
+        if argv:
+            argv[0] = map_program(argv[0])
+        work = spec.get("workingDir")
+        name = spec["name"]
+        return LaunchSpec(
+            argv=argv,
+            env=env,
+            cwd=Path(rewrite(work, mounts)) if work else self.directory / "work" / name,
+            log=self.directory / f"{name}.log",
+            pid_file=self.directory / f"{name}.pid",
+        )
+
+    def _env_value(
+        self, api: KubeApi, spec: Mapping[str, Any], var: Mapping[str, Any], env: Mapping[str, str]
+    ) -> str:
+        if "valueFrom" not in var:
+            return expand(str(var.get("value", "")), env)
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            return field_ref(self.pod, source["fieldRef"]["fieldPath"])
+        if "resourceFieldRef" in source:
+            return resource_field_ref(spec, source["resourceFieldRef"])
+        kind = "secrets" if "secretKeyRef" in source else "configmaps"
+        ref = source.get("secretKeyRef") or source["configMapKeyRef"]
+        data = self._get_data(api, kind, ref["name"], optional=bool(ref.get("optional")))
+        if ref["key"] not in data and not ref.get("optional"):
+            raise ValueError(f"key {ref['key']!r} not in {kind} {ref['name']}")
+        return data.get(ref["key"], "")
+
+    def _env_from(self, api: KubeApi, source: Mapping[str, Any]) -> dict[str, str]:
+        kind = "secrets" if "secretRef" in source else "configmaps"
+        ref = source.get("secretRef") or source["configMapRef"]
+        return self._get_data(api, kind, ref["name"], optional=bool(ref.get("optional")))
+
+    def _get_data(self, api: KubeApi, kind: str, name: str, *, optional: bool) -> dict[str, str]:
+        namespace = self.pod["metadata"]["namespace"]
+        try:
+            obj = api.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        except KubeError as error:
+            if error.status == 404 and optional:
+                return {}
+            raise
+        data = obj.get("data", {})
+        if kind == "secrets":
+            return {k: base64.b64decode(v).decode() for k, v in data.items()}
+        return dict(data)
+
+
+def _summary(container_status: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        container_status.get("name"),
+        container_status.get("ready"),
+        container_status.get("restartCount"),
+        tuple(container_status.get("state", {})),
+        container_status.get("containerID"),
+    )

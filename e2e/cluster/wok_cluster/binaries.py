@@ -1,0 +1,94 @@
+"""Where the cluster's upstream binaries live, and building them (build.sh) when they are missing.
+
+The version directory comes from e2e/cluster/go/kubernetes/go.mod, the one place it is pinned.
+Prometheus is built too: Debian's package (`make tools`, still the source of promtool) is compiled
+without Kubernetes service discovery, which the harness needs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CLUSTER_DIR = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = CLUSTER_DIR / "build.sh"
+KUBERNETES_GO_MOD = CLUSTER_DIR / "go" / "kubernetes" / "go.mod"
+BUILT = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "helm",
+    "prometheus",
+)
+
+
+def kubernetes_version() -> str:
+    match = re.search(r"^require k8s\.io/kubernetes (v\S+)$", KUBERNETES_GO_MOD.read_text(), re.M)
+    if not match:
+        raise RuntimeError(f"no k8s.io/kubernetes requirement in {KUBERNETES_GO_MOD}")
+    return match.group(1)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WOK_CACHE", Path.home() / ".cache" / "wok"))
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin" / kubernetes_version()
+
+
+@dataclass(frozen=True)
+class Binaries:
+    directory: Path
+
+    def __getitem__(self, name: str) -> str:
+        return str(self.directory / name)
+
+    @property
+    def prometheus(self) -> str:
+        return self["prometheus"]
+
+    @property
+    def kubectl(self) -> str:
+        return _on_path("kubectl")
+
+
+def _on_path(name: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} is not installed (run `make tools`)")
+    return found
+
+
+def missing() -> list[str]:
+    return [name for name in BUILT if not os.access(bin_dir() / name, os.X_OK)]
+
+
+def build(*, quiet: bool = False) -> None:
+    """Runs build.sh; its progress lines go to stderr unless `quiet` (then only on failure)."""
+    result = subprocess.run(
+        [str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE if quiet else sys.stderr,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT} failed (exit {result.returncode}):\n{result.stdout}")
+
+
+def ensure_built() -> Binaries:
+    """The binaries, building them first when any is missing (a cold build takes many minutes)."""
+    if missing():
+        build()
+    still_missing = missing()
+    if still_missing:
+        raise RuntimeError(f"build.sh did not produce {still_missing} in {bin_dir()}")
+    return Binaries(bin_dir())

@@ -1,0 +1,112 @@
+"""`wok dev`: the emulated cluster started detached, recorded in a state file, stopped by pid.
+
+Everything lives under one state directory (default ~/.cache/wok/dev, or $WOK_DEV_DIR):
+`state.json` (pids, ports, paths), the kubeconfigs, logs and data. `down` stops exactly the
+process groups `up` recorded, and only while each pid still runs the program that was started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from wok_cluster.backer import kill_leftover_pods
+from wok_cluster.binaries import cache_dir, ensure_built
+from wok_cluster.process import ProcessRecord, Supervisor, is_ours
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("WOK_DEV_DIR", cache_dir() / "dev"))
+
+
+class DevEnvironment:
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.state_dir = state_dir or default_state_dir()
+        self.state_file = self.state_dir / "state.json"
+        self.run_dir = self.state_dir / "run"
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.state_file.exists():
+            return None
+        return dict(json.loads(self.state_file.read_text()))
+
+    def records(self) -> list[ProcessRecord]:
+        state = self.load() or {}
+        return [ProcessRecord(**r) for r in state.get("processes", [])]
+
+    def is_up(self) -> bool:
+        return any(is_ours(r) for r in self.records())
+
+    def up(self, *, nodes: int, gpus_per_node: int) -> dict[str, Any]:
+        from wok_cluster.apiserver import ControlPlane
+        from wok_cluster.cluster import Cluster
+        from wok_cluster.prometheus import Prometheus
+
+        if self.is_up():
+            raise RuntimeError(f"already up (state {self.state_file}); run `wok dev down` first")
+        self.down()  # clears what a crashed run left behind
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        binaries = ensure_built()
+        started = time.monotonic()
+        control_plane = ControlPlane(self.run_dir, binaries)
+        cluster = Cluster(control_plane, nodes=nodes, gpus_per_node=gpus_per_node)
+        prometheus = Prometheus(control_plane, self.run_dir / "prometheus")
+        parts: list[Any] = [control_plane, cluster, prometheus]
+        try:
+            control_plane.start()
+            cluster.start()
+            prometheus.start()
+        except BaseException:
+            for part in reversed(parts):
+                part.stop()
+            raise
+        state = {
+            "kubeconfig": str(control_plane.kubeconfig),
+            "server": control_plane.server,
+            "prometheus": prometheus.url,
+            "nodes": cluster.node_names,
+            "run_dir": str(self.run_dir),
+            "backer_dir": str(cluster.backer_dir),
+            "seconds": {
+                "apiserver_ready": round(control_plane.ready_seconds or 0, 1),
+                "cluster_ready": round(time.monotonic() - started, 1),
+            },
+            "processes": [
+                asdict(r)
+                for part in parts
+                for r in part.supervisor.records  # start order; `down` reverses it
+            ],
+        }
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(state, indent=2))
+        return state
+
+    def down(self) -> list[str]:
+        state = self.load()
+        if state is None:
+            return []
+        supervisor = Supervisor()
+        records = self.records()
+        supervisor.adopt(records)
+        alive = [r.name for r in records if is_ours(r)]
+        supervisor.stop_all()
+        kill_leftover_pods(Path(state["backer_dir"]))
+        self.state_file.unlink(missing_ok=True)
+        return alive
+
+    def status(self) -> dict[str, Any]:
+        state = self.load()
+        if state is None:
+            return {"up": False}
+        processes = {r.name: ("running" if is_ours(r) else "gone") for r in self.records()}
+        return {
+            "up": all(v == "running" for v in processes.values()),
+            "kubeconfig": state["kubeconfig"],
+            "prometheus": state["prometheus"],
+            "processes": processes,
+        }

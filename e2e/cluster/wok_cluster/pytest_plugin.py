@@ -1,0 +1,135 @@
+"""pytest fixtures for the real control plane, the emulated cluster and Prometheus.
+
+Import them into a conftest (`from wok_cluster.pytest_plugin import *`). Everything is
+session-scoped and started at most once per pytest process even when several conftests import
+these fixtures (a module-level registry shares the running objects). Missing binaries are built
+(build.sh), never skipped. Teardown stops every process of the run and fails if any is left.
+
+    wok_apiserver   ControlPlane: .kubeconfig (admin Path), .server, .api(),
+                    .service_account_kubeconfig(namespace, name) -> Path
+    wok_cluster     Cluster on top of it: controller-manager, scheduler, KWOK GPU nodes
+                    (.node_names), pod backer (label pods wok.dev/backed=true)
+    wok_prometheus  Prometheus scraping backed pods via kubernetes_sd: .url, .query(), .targets()
+    wok_kubeconfig  the admin kubeconfig Path
+    wok_namespace   a fresh namespace per test (deleted afterwards)
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from wok_cluster.apiserver import ControlPlane
+from wok_cluster.binaries import Binaries, ensure_built, missing
+from wok_cluster.cluster import Cluster
+from wok_cluster.kubeapi import KubeError
+from wok_cluster.process import processes_marked
+from wok_cluster.prometheus import Prometheus
+
+__all__ = [
+    "pytest_collection_finish",
+    "wok_apiserver",
+    "wok_binaries",
+    "wok_cluster",
+    "wok_kubeconfig",
+    "wok_namespace",
+    "wok_prometheus",
+]
+
+T = TypeVar("T")
+_running: dict[str, Any] = {}
+
+
+def _once(key: str, start: Callable[[], T], stop: Callable[[T], None]) -> Iterator[T]:
+    if key in _running:
+        yield _running[key]
+        return
+    obj = start()
+    _running[key] = obj
+    try:
+        yield obj
+    finally:
+        del _running[key]
+        stop(obj)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Builds missing binaries before any test runs: a cold build takes far longer than the
+    per-test timeout, which would otherwise kill the first fixture that needs them."""
+    if missing() and any("wok_binaries" in item.fixturenames for item in session.items):
+        ensure_built()
+
+
+@pytest.fixture(scope="session")
+def wok_binaries() -> Binaries:
+    return ensure_built()
+
+
+@pytest.fixture(scope="session")
+def wok_apiserver(
+    wok_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    def start() -> ControlPlane:
+        plane = ControlPlane(tmp_path_factory.mktemp("wok-cluster"), wok_binaries)
+        try:
+            return plane.start()
+        except BaseException:
+            plane.stop()
+            raise
+
+    def stop(plane: ControlPlane) -> None:
+        plane.stop()
+        left = processes_marked(str(plane.run_dir))
+        assert not left, f"processes outlived the cluster teardown: {left}"
+
+    yield from _once("apiserver", start, stop)
+
+
+@pytest.fixture(scope="session")
+def wok_cluster(wok_apiserver: ControlPlane) -> Iterator[Cluster]:
+    def start() -> Cluster:
+        cluster = Cluster(wok_apiserver)
+        try:
+            return cluster.start()
+        except BaseException:
+            cluster.stop()
+            raise
+
+    yield from _once("cluster", start, Cluster.stop)
+
+
+@pytest.fixture(scope="session")
+def wok_prometheus(wok_apiserver: ControlPlane) -> Iterator[Prometheus]:
+    def start() -> Prometheus:
+        prometheus = Prometheus(wok_apiserver, wok_apiserver.run_dir / "prometheus")
+        try:
+            return prometheus.start()
+        except BaseException:
+            prometheus.stop()
+            raise
+
+    yield from _once("prometheus", start, Prometheus.stop)
+
+
+@pytest.fixture(scope="session")
+def wok_kubeconfig(wok_apiserver: ControlPlane) -> Path:
+    return wok_apiserver.kubeconfig
+
+
+@pytest.fixture
+def wok_namespace(wok_apiserver: ControlPlane) -> Iterator[str]:
+    name = f"t-{secrets.token_hex(4)}"
+    with wok_apiserver.api() as api:
+        api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        try:
+            yield name
+        finally:
+            try:
+                api.delete(f"/api/v1/namespaces/{name}")
+            except KubeError as error:
+                if error.status != 404:
+                    raise

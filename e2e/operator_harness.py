@@ -1,0 +1,147 @@
+"""Running the real operator (`wok operator run`) against the emulated cluster, for the e2e tests.
+
+The operator is a separate process, as in production: the tests talk to it only through the
+apiserver (kubectl), Prometheus and the runtime pods, and check that it exits cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from wok_cluster.netutil import free_port
+from wok_cluster.process import RUN_MARKER
+from wok_cluster.waiting import GiveUp, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "wok.dev_inferenceservices.yaml"
+PEERING_CRDS = ROOT / "crds" / "kopf-peering.yaml"
+WOK = str(Path(sys.executable).parent / "wok")
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    result = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+    return result.stdout if check else result.stdout + result.stderr
+
+
+def get_json(kubeconfig: Path, *args: str) -> dict[str, Any] | None:
+    out = kubectl(kubeconfig, "get", *args, "-o", "json", "--ignore-not-found")
+    return json.loads(out) if out.strip() else None
+
+
+def wait_for(probe: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    return wait_until(probe, timeout=timeout, what=what, interval=0.5)
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for c in (obj or {}).get("status", {}).get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return None
+
+
+class OperatorProcess:
+    """One `wok operator run` process with its own log, metrics and liveness ports."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        prometheus_url: str,
+        log: Path,
+        *,
+        run_marker: str,
+        standalone: bool = True,
+        priority: int | None = None,
+    ) -> None:
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.log = log
+        args = [
+            WOK,
+            "operator",
+            "run",
+            f"--namespace={namespace}",
+            f"--prometheus-url={prometheus_url}",
+            "--pod-label=wok.dev/backed=true",
+            f"--metrics-port={self.metrics_port}",
+            "--metrics-host=127.0.0.1",
+            f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
+            "--log-format=plain",
+        ]
+        args += ["--standalone"] if standalone else [f"--priority={priority or 1}"]
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), RUN_MARKER: run_marker}
+        with log.open("ab") as out:  # the child keeps its own descriptor
+            self.popen = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def wait_live(self, timeout: float = 60.0) -> None:
+        def live() -> bool:
+            if not self.alive():
+                raise GiveUp(f"operator exited early:\n{self.log_tail()}")
+            url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+            return httpx.get(url, timeout=2).status_code == 200
+
+        try:
+            wait_for(live, "operator liveness", timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+            raise AssertionError(f"operator ignored SIGTERM:\n{self.log_tail()}") from None
+
+    def kill9(self) -> None:
+        os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def install_crds(kubeconfig: Path) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD), "-f", str(PEERING_CRDS))
+    kubectl(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/inferenceservices.wok.dev",
+        "crd/kopfpeerings.kopf.dev",
+    )
+
+
+def since(start: float) -> float:
+    return time.monotonic() - start

@@ -1,0 +1,97 @@
+"""Real controllers and a real scheduler place GPU workloads on KWOK's emulated GPU nodes."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from wok_cluster.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+PAUSE = "registry.k8s.io/pause:3.10"  # never pulled: KWOK pods have no container runtime
+
+
+def _gpu_container(gpus: int) -> dict:
+    return {
+        "name": "main",
+        "image": PAUSE,
+        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def test_gpu_deployment_runs_one_pod_per_gpu_request(wok_cluster, wok_namespace):
+    ns = wok_namespace
+    labels = {"app": "gpu-3"}
+    with wok_cluster.api() as api:
+        api.create(
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            {
+                "metadata": {"name": "gpu-3"},
+                "spec": {
+                    "replicas": 3,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [_gpu_container(1)]},
+                    },
+                },
+            },
+        )
+
+        def running_pods() -> list[dict] | None:
+            pods = api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="app=gpu-3")["items"]
+            running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+            return running if len(running) == 3 else None
+
+        pods = wait_until(running_pods, timeout=60, what="3 Running pods of gpu-3")
+        for pod in pods:
+            assert pod["spec"]["nodeName"] in wok_cluster.node_names
+            ip = ipaddress.ip_address(pod["status"]["podIP"])
+            assert ip in ipaddress.ip_network(wok_cluster.pod_network), ip
+        assert len({p["status"]["podIP"] for p in pods}) == 3
+        wait_until(
+            lambda: (
+                api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/gpu-3")["status"].get(
+                    "readyReplicas"
+                )
+                == 3
+            ),
+            timeout=60,
+            what="deployment gpu-3 readyReplicas == 3",
+        )
+
+
+def test_pod_wanting_more_gpus_than_any_node_stays_pending(wok_cluster, wok_namespace):
+    ns = wok_namespace
+    too_many = wok_cluster.gpus_per_node + 1
+    with wok_cluster.api() as api:
+        api.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            {"metadata": {"name": "greedy"}, "spec": {"containers": [_gpu_container(too_many)]}},
+        )
+
+        def unschedulable() -> dict | None:
+            pod = api.get(f"/api/v1/namespaces/{ns}/pods/greedy")
+            for condition in pod.get("status", {}).get("conditions", []):
+                if condition["type"] == "PodScheduled" and condition["status"] == "False":
+                    return condition
+            return None
+
+        condition = wait_until(unschedulable, timeout=60, what="PodScheduled=False for greedy")
+        assert condition["reason"] == "Unschedulable"
+        assert "Insufficient nvidia.com/gpu" in condition["message"]
+        pod = api.get(f"/api/v1/namespaces/{ns}/pods/greedy")
+        assert pod["status"]["phase"] == "Pending"
+        assert "nodeName" not in pod["spec"]
+        events = wait_until(
+            lambda: [
+                e
+                for e in api.get(f"/api/v1/namespaces/{ns}/events")["items"]
+                if e["involvedObject"]["name"] == "greedy" and e["reason"] == "FailedScheduling"
+            ],
+            timeout=30,
+            what="a FailedScheduling event for greedy",
+        )
+        assert "Insufficient nvidia.com/gpu" in events[0]["message"]

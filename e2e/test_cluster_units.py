@@ -1,0 +1,88 @@
+"""Pure pieces of the harness: kubelet-style expansion, volume path rewriting, node manifests,
+the Prometheus scrape config."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from wok_cluster.expand import expand, field_ref
+from wok_cluster.netutil import pick_pod_octet, require_loopback
+from wok_cluster.nodes import gpu_node, pod_cidr
+from wok_cluster.prometheus import scrape_config
+from wok_cluster.volumes import rewrite
+
+POD = {
+    "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
+    "spec": {"nodeName": "wok-gpu-0"},
+    "status": {"podIP": "127.1.0.7"},
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("--host=$(POD_IP)", "--host=127.1.0.7"),
+        ("$(UNDEFINED)", "$(UNDEFINED)"),
+        ("$$(POD_IP)", "$(POD_IP)"),
+        ("cost $5", "cost $5"),
+        ("$(POD_IP", "$(POD_IP"),
+        ("$(A)$(POD_IP)", "x127.1.0.7"),
+    ],
+)
+def test_expand_follows_the_kubelet(text, expected):
+    assert expand(text, {"POD_IP": "127.1.0.7", "A": "x"}) == expected
+
+
+def test_field_refs():
+    assert field_ref(POD, "status.podIP") == "127.1.0.7"
+    assert field_ref(POD, "metadata.namespace") == "ns"
+    assert field_ref(POD, "metadata.labels['a']") == "b"
+    with pytest.raises(ValueError):
+        field_ref(POD, "spec.containers")
+
+
+def test_rewrite_maps_paths_under_mounts_only():
+    mounts = {"/etc/wok/admin": Path("/tmp/p/admin"), "/etc/wok": Path("/tmp/p/etc")}
+    assert rewrite("/etc/wok/admin/token", mounts) == "/tmp/p/admin/token"
+    assert rewrite("--token-file=/etc/wok/admin/token", mounts) == "--token-file=/tmp/p/admin/token"
+    assert rewrite("/etc/wok/other", mounts) == "/tmp/p/etc/other"
+    assert rewrite("/etc/wokish", mounts) == "/etc/wokish"
+    assert rewrite("--port=8000", mounts) == "--port=8000"
+
+
+def test_nodes_have_gpus_and_loopback_pod_cidrs():
+    node = gpu_node(3, gpus=8, octet=42)
+    assert node["spec"]["podCIDR"] == "127.42.3.0/24"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    with pytest.raises(ValueError):
+        pod_cidr(255, 42)
+
+
+def test_pod_networks_avoid_busy_loopback_ranges():
+    with socket.socket() as busy:
+        busy.bind(("127.77.0.1", 0))
+        busy.listen()
+        assert all(pick_pod_octet() != 77 for _ in range(300))
+    assert 2 <= pick_pod_octet() <= 254
+
+
+def test_only_loopback_is_allowed():
+    assert require_loopback("127.1.0.1") == "127.1.0.1"
+    for address in ("10.96.0.1", "192.168.1.1", "example.com"):
+        with pytest.raises(ValueError):
+            require_loopback(address)
+
+
+def test_scrape_config_keeps_annotated_loopback_pods():
+    config = scrape_config(
+        api_server="https://127.0.0.1:6443", ca_file=Path("ca"), token_file=Path("t")
+    )
+    relabel = config["scrape_configs"][0]["relabel_configs"]
+    keeps = {r["source_labels"][0]: r["regex"] for r in relabel if r["action"] == "keep"}
+    assert keeps["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] == "true"
+    assert keeps["__meta_kubernetes_pod_ip"] == r"127\..+"
+    targets = {r["target_label"] for r in relabel if r["action"] == "replace"}
+    assert {"__address__", "__metrics_path__", "namespace", "pod", "service"} <= targets

@@ -1,0 +1,151 @@
+"""Restarts and faults: a kill -9 mid-reconcile loses nothing and duplicates nothing, a restarted
+operator continues from status, and with two replicas only one acts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+from operator_harness import OperatorProcess, get_json, install_crds, kubectl, wait_for
+
+pytestmark = pytest.mark.e2e
+
+NO_PROMETHEUS = "http://127.0.0.1:9"
+
+
+def service(name: str, initial_batch: int = 4) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "wok.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": {
+                "model": {"source": "builtin:tiny", "dtype": "float32"},
+                "runtime": {"gpuMemory": "256Mi", "cpu": "1", "memory": "1Gi"},
+                "memory": {"maxModelLen": 512, "reserve": "16Mi"},
+                "batching": {"initialBatchSize": initial_batch, "maxBatchSize": 32},
+                "scaling": {"minReplicas": 1, "maxReplicas": 2, "intervalSeconds": 1},
+            },
+        }
+    )
+
+
+def reconciled(kc, ns: str, name: str) -> bool:
+    wis = get_json(kc, "wis", name, "-n", ns) or {}
+    return (
+        wis.get("status", {}).get("observedGeneration") == wis.get("metadata", {}).get("generation")
+        and get_json(kc, "deployment", f"{name}-runtime", "-n", ns) is not None
+    )
+
+
+def test_kill_9_mid_reconcile_then_a_new_operator_converges(wok_cluster, wok_namespace, tmp_path):
+    kc, ns = wok_cluster.kubeconfig, wok_namespace
+    install_crds(kc)
+    first = OperatorProcess(
+        kc, ns, NO_PROMETHEUS, tmp_path / "first.log", run_marker=str(wok_cluster.run_dir)
+    )
+    first.wait_live()
+    names = [f"svc-{i}" for i in range(4)]
+    kubectl(kc, "apply", "-n", ns, "-f", "-", stdin="---\n".join(service(n) for n in names))
+    wait_for(lambda: get_json(kc, "deployment", "svc-0-runtime", "-n", ns), "first deployment")
+    first.kill9()
+
+    # A previous decision in status (batch 10, not the initial 4) must survive the restart.
+    kubectl(
+        kc,
+        "patch",
+        "wis",
+        "svc-0",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status": {"batchSize": 10}}',
+    )
+
+    second = OperatorProcess(
+        kc, ns, NO_PROMETHEUS, tmp_path / "second.log", run_marker=str(wok_cluster.run_dir)
+    )
+    try:
+        second.wait_live()
+        for name in names:
+            wait_for(lambda n=name: reconciled(kc, ns, n), f"{name} reconciled", 60)
+        for kind in ("deployments", "services", "secrets", "configmaps"):
+            items = get_json(kc, kind, "-n", ns, "-l", "app.kubernetes.io/managed-by=wok-operator")
+            per_service = [i["metadata"]["labels"]["wok.dev/service"] for i in items["items"]]
+            assert sorted(per_service) == sorted(names), f"{kind}: {per_service}"
+        # Let the restarted loop tick a few times: it continues from status, no reset to 4.
+        time.sleep(3)
+        wis = get_json(kc, "wis", "svc-0", "-n", ns)
+        assert wis["status"]["batchSize"] == 10
+        configmap = get_json(kc, "configmap", "svc-0-batching", "-n", ns)
+        assert configmap["data"]["maxBatchSize"] == "10"
+    finally:
+        kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true")
+        assert second.stop() == 0, second.log_tail()
+
+
+def test_two_replicas_only_one_acts(wok_cluster, wok_namespace, tmp_path):
+    kc, ns = wok_cluster.kubeconfig, wok_namespace
+    install_crds(kc)
+    kubectl(
+        kc,
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        stdin=yaml.safe_dump(
+            {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "KopfPeering",
+                "metadata": {"name": "wok-operator"},
+            }
+        ),
+    )
+    low = OperatorProcess(
+        kc,
+        ns,
+        NO_PROMETHEUS,
+        tmp_path / "low.log",
+        standalone=False,
+        priority=10,
+        run_marker=str(wok_cluster.run_dir),
+    )
+    high = OperatorProcess(
+        kc,
+        ns,
+        NO_PROMETHEUS,
+        tmp_path / "high.log",
+        standalone=False,
+        priority=20,
+        run_marker=str(wok_cluster.run_dir),
+    )
+    try:
+        low.wait_live()
+        high.wait_live()
+        wait_for(lambda: "Pausing operations in favour of" in low.log.read_text(), "low pauses", 30)
+        kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=service("ha"))
+        wait_for(lambda: reconciled(kc, ns, "ha"), "ha reconciled", 60)
+        assert "reconciled: batch" in high.log.read_text()
+        assert "reconciled: batch" not in low.log.read_text()
+
+        # The active one dies: the standby takes over once its peer's lease expires.
+        high.kill9()
+        kubectl(
+            kc,
+            "patch",
+            "wis",
+            "ha",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            '{"spec": {"batching": {"maxWaitMs": 20}}}',
+        )
+        wait_for(lambda: "reconciled: batch" in low.log.read_text(), "standby takes over", 120)
+    finally:
+        kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true")
+        assert low.stop() == 0, low.log_tail()

@@ -1,0 +1,483 @@
+"""`LLMEngine`: the step loop that ties the queue, the scheduler, the model runner and the sampler
+together, in a thread of its own.
+
+Why a thread with a lock: the HTTP server (asyncio) and the admin API submit, abort and retune from
+other threads, while each model step takes milliseconds to seconds. All scheduler state is touched
+only under one lock; the model forward runs outside it, so submissions never wait for a step.
+Callbacks (`on_output`, `on_step`) are always called from the engine thread, outside the lock.
+
+Robustness is per request: a bad request is refused at `add_request` (InvalidRequestError), a
+row of non-finite logits fails only its request, and an exception in a whole step is retried per
+sequence to find the culprit, so one request can never stop the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from wok_runtime.block_manager import BlockManager
+from wok_runtime.engine_config import BatchingParams, EngineConfig, Mode
+from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.request_queue import QueueFullError, RequestQueue
+from wok_runtime.sampler import Sampler
+from wok_runtime.sampling_params import SamplingParams
+from wok_runtime.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from wok_runtime.sequence import RequestMetrics, Sequence
+
+__all__ = [
+    "BatchingParams",
+    "EngineConfig",
+    "EngineStats",
+    "InvalidRequestError",
+    "LLMEngine",
+    "QueueFullError",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "StepStats",
+]
+
+log = logging.getLogger(__name__)
+
+
+class InvalidRequestError(ValueError):
+    """The request can never run (empty prompt, too long, bad token ids): refused, not queued."""
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What `on_output` receives. `new_token_ids` are the tokens since the previous output; the EOS
+    or stop token that ends a request with finish_reason "stop" is not included (it is counted in
+    `metrics.num_output_tokens`)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "timeout" | "error"
+    error: str | None
+    metrics: RequestMetrics
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step, for `on_step`. `batch_size` is the sequences in this step's forward."""
+
+    batch_size: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    step_seconds: float
+    num_sampled: int  # sequences that produced a token this step
+    num_running: int
+    num_waiting: int
+    max_batch_size: int  # the admission cap in effect
+    kv_usage: float
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_waiting: int
+    num_running: int
+    waiting_by_priority: dict[int, int]
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_usage: float
+    max_batch_size: int
+    num_preemptions_total: int
+    completed_total: int
+    recent_completion_rate: float
+
+
+OutputCallback = Callable[[RequestOutput], None]
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: EngineConfig,
+        *,
+        on_step: Callable[[StepStats], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self._clock = clock  # monotonic seconds; tests pass a manual clock
+        self.config = config
+        self.tokenizer = runner.tokenizer
+        self.model_name: str = getattr(runner, "model_name", None) or "wok"
+        runner_max = _runner_max_model_len(runner)
+        self.max_model_len = config.max_model_len or runner_max
+        if self.max_model_len > runner_max:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's limit of {runner_max}"
+            )
+        # The runner sized its activations for a step budget; the engine never exceeds it.
+        self.max_num_batched_tokens = min(
+            config.max_num_batched_tokens,
+            getattr(runner, "max_num_batched_tokens", None) or config.max_num_batched_tokens,
+        )
+        self.vocab_size: int = runner.config.vocab_size
+        self.block_manager = BlockManager(
+            runner.num_blocks, runner.block_size, tenant_kv_share=config.tenant_kv_share
+        )
+        self.scheduler = Scheduler(
+            mode=config.mode,
+            max_batch_size=config.max_batch_size,
+            max_wait_ms=config.max_wait_ms,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_manager=self.block_manager,
+            queue=RequestQueue(config.max_queue, aging_s=config.aging_s),
+            eos_token_id=_eos_token_id(runner),
+        )
+        self.sampler = Sampler()
+        self.on_step = on_step  # public: the server attaches its metrics hook after building
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._pending_aborts: list[str] = []
+        self._accepting = True
+        self._stop_deadline: float | None = None
+        self._thread: threading.Thread | None = None
+        self._completed_total = 0
+        self.loop_iterations = 0  # for the no-spin test
+
+    # --- public API (thread-safe) -------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("the engine is already started")
+            self._thread = threading.Thread(target=self._loop, name="wok-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, drain_timeout_s: float) -> None:
+        """Refuses new requests, lets queued and running ones finish for up to
+        `drain_timeout_s`, aborts what is left, and stops the engine thread."""
+        with self._wake:
+            self._accepting = False
+            self.scheduler.draining = True
+            self._stop_deadline = self._clock() + max(0.0, drain_timeout_s)
+            thread = self._thread
+            self._wake.notify_all()
+        if thread is None:
+            self._abort_all_unstarted()
+            return
+        if thread is not threading.current_thread():  # from a callback: the loop ends by itself
+            thread.join()
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        on_output: OutputCallback,
+        priority: int = 1,
+        tenant: str | None = None,
+        queue_timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        self._validate(prompt_token_ids, params)
+        timeout = self.config.queue_timeout_s
+        if queue_timeout_s is not None:
+            if not queue_timeout_s > 0:
+                raise InvalidRequestError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
+            timeout = min(queue_timeout_s, timeout)  # a request may only shorten its wait
+        request_id = request_id or uuid.uuid4().hex
+        with self._wake:
+            now = self._clock()
+            if not self._accepting:
+                raise QueueFullError("the engine is shutting down", self.config.queue_timeout_s)
+            if request_id in self._callbacks:
+                raise InvalidRequestError(f"request id {request_id!r} is already in use")
+            seq = Sequence(
+                request_id=request_id,
+                prompt_token_ids=list(prompt_token_ids),
+                params=params,
+                arrival_time=now,
+                priority=priority,
+                tenant=tenant,
+                queue_deadline=now + timeout,
+            )
+            self.scheduler.add(seq, now)  # raises QueueFullError
+            self._callbacks[request_id] = on_output
+            self._wake.notify()
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Ends the request at the top of the next step (a no-op for unknown or done requests)."""
+        with self._wake:
+            self._pending_aborts.append(request_id)
+            self._wake.notify()
+
+    def get_batching(self) -> BatchingParams:
+        with self._lock:
+            return self._batching()
+
+    def set_batching(
+        self, *, max_batch_size: int | None = None, max_wait_ms: int | None = None
+    ) -> BatchingParams:
+        """Changes the live parameters (from the next step on); returns them as clamped."""
+        with self._wake:
+            self.scheduler.set_batching(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+            self._wake.notify()
+            return self._batching()
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            bm = self.block_manager
+            queue = self.scheduler.queue
+            return EngineStats(
+                num_waiting=len(queue),
+                num_running=len(self.scheduler.running),
+                waiting_by_priority=queue.count_by_priority(),
+                kv_blocks_total=bm.num_blocks,
+                kv_blocks_used=bm.num_used_blocks,
+                kv_blocks_free=bm.num_free_blocks,
+                kv_usage=bm.usage,
+                max_batch_size=self.scheduler.max_batch_size,
+                num_preemptions_total=self.scheduler.num_preemptions_total,
+                completed_total=self._completed_total,
+                recent_completion_rate=queue.completions.rate(self._clock()),
+            )
+
+    @property
+    def mode(self) -> Mode:
+        return self.config.mode
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _batching(self) -> BatchingParams:
+        return BatchingParams(
+            max_batch_size=self.scheduler.max_batch_size,
+            max_wait_ms=self.scheduler.max_wait_ms,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            mode=self.config.mode,
+            capacity=self.scheduler.capacity,
+            kv_safe_batch_size=self.scheduler.kv_safe_batch_size,
+        )
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams")
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
+        bad += [t for t in prompt if isinstance(t, int) and not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}"
+            )
+        if len(prompt) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{len(prompt) + params.max_tokens} were requested ({len(prompt)} in the prompt, "
+                f"{params.max_tokens} for the output)"
+            )
+
+    def _abort_all_unstarted(self) -> None:
+        with self._lock:
+            outputs = self._finish_everything(self._clock())
+        self._emit(outputs)
+
+    def step(self) -> bool:
+        """One iteration of the loop, synchronously, for tests and offline drivers that do not
+        `start()` the thread. Returns True when a model step ran."""
+        if self._thread is not None:
+            raise RuntimeError("step() drives an engine whose thread is not started")
+        ran, _ = self._iteration(block=False)
+        return ran
+
+    def _loop(self) -> None:
+        done = False
+        while not done:
+            _, done = self._iteration(block=True)
+
+    def _iteration(self, *, block: bool) -> tuple[bool, bool]:
+        """Housekeeping, scheduling and (outside the lock) one model step. Returns (ran a step,
+        the engine is done). An idle engine waits on the condition instead of spinning."""
+        with self._wake:
+            self.loop_iterations += 1
+            now = self._clock()
+            outputs = self._housekeeping(now)
+            stop_at = self._stop_deadline
+            if stop_at is not None and (not self.scheduler.has_work() or now >= stop_at):
+                outputs += self._finish_everything(now)
+                batch = None
+            else:
+                batch = self.scheduler.schedule(now)
+                if block and batch.is_empty and not batch.preempted and not outputs:
+                    self._wake.wait(self._idle_timeout(now))
+                    return False, False
+        self._emit(outputs)
+        if batch is None:
+            return False, True
+        if batch.is_empty:
+            return False, False
+        self._run_step(batch, now)
+        return True, False
+
+    def _idle_timeout(self, now: float) -> float | None:
+        wakeups = [self.scheduler.next_wakeup(now), self._stop_deadline]
+        due = min((t for t in wakeups if t is not None), default=None)
+        return None if due is None else max(0.0, due - now)
+
+    def _housekeeping(self, now: float) -> list[tuple[OutputCallback, RequestOutput]]:
+        """Aborts and queue timeouts, at the top of a step (under the lock)."""
+        outputs: list[tuple[OutputCallback, RequestOutput]] = []
+        aborts, self._pending_aborts = self._pending_aborts, []
+        for request_id in aborts:
+            seq = self.scheduler.get(request_id)
+            if seq is not None and not seq.is_finished:
+                self.scheduler.finish(seq, "abort", now)
+                outputs += self._outputs_for([seq])
+        outputs += self._outputs_for(self.scheduler.expire(now))
+        return outputs
+
+    def _finish_everything(self, now: float) -> list[tuple[OutputCallback, RequestOutput]]:
+        left = list(self.scheduler.running)
+        left += [s for s in list(self.scheduler.queue.in_order(now))]
+        for seq in left:
+            self.scheduler.finish(seq, "abort", now, error="the engine shut down first")
+        return self._outputs_for(left)
+
+    def _run_step(self, batch: SchedulerOutput, now: float) -> None:
+        started = time.perf_counter()
+        logits, failed = self._forward(batch.scheduled)
+        sampled: dict[Sequence, int] = {}
+        rows = [
+            i for i, item in enumerate(batch.scheduled) if item.samples and item.seq not in failed
+        ]
+        if rows:
+            try:
+                assert logits is not None
+                items = [batch.scheduled[i] for i in rows]
+                picked = logits if len(rows) == len(batch.scheduled) else logits[rows]
+                tokens = self.sampler.sample(
+                    picked, [(it.seq.request_id, it.seq.params) for it in items]
+                )
+                for item, token in zip(items, tokens, strict=True):
+                    if token is None:
+                        failed[item.seq] = "the model produced non-finite logits (NaN or inf)"
+                    else:
+                        sampled[item.seq] = token
+            except Exception as error:  # a sampler bug must not kill the loop either
+                log.exception("sampling failed")
+                for i in rows:
+                    failed[batch.scheduled[i].seq] = f"sampling failed: {error!r}"
+        with self._lock:
+            done_at = self._clock()
+            for seq, reason in failed.items():
+                self.scheduler.finish(seq, "error", done_at, error=reason)
+            advanced = self.scheduler.postprocess(batch, sampled, done_at)
+            touched = list(dict.fromkeys([*advanced, *failed]))
+            outputs = self._outputs_for(touched)
+            stats = StepStats(
+                batch_size=len(batch.scheduled),
+                num_prefill_tokens=batch.num_prefill_tokens,
+                num_decode_tokens=batch.num_decode_tokens,
+                num_preempted=len(batch.preempted),
+                step_seconds=time.perf_counter() - started,
+                num_sampled=len(sampled),
+                num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.queue),
+                max_batch_size=self.scheduler.max_batch_size,
+                kv_usage=self.block_manager.usage,
+            )
+        self._emit(outputs)
+        if self.on_step is not None:
+            try:
+                self.on_step(stats)
+            except Exception:
+                log.exception("on_step callback failed")
+
+    def _forward(
+        self, scheduled: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor | None, dict[Sequence, str]]:
+        """Runs the step; on an exception, runs each sequence alone so that only the culprit
+        fails (rewriting the same K/V slots again is harmless)."""
+        inputs = [
+            StepInput(
+                token_ids=it.token_ids, start_pos=it.start_pos, block_table=list(it.seq.block_table)
+            )
+            for it in scheduled
+        ]
+        try:
+            return self.runner.forward(inputs), {}
+        except Exception:
+            log.exception("a step of %d sequences failed; retrying them one by one", len(inputs))
+        failed: dict[Sequence, str] = {}
+        rows: list[torch.Tensor | None] = []
+        for item, one in zip(scheduled, inputs, strict=True):
+            try:
+                rows.append(self.runner.forward([one])[0])
+            except Exception as error:
+                failed[item.seq] = f"the model step failed: {error!r}"
+                rows.append(None)
+        good = [r for r in rows if r is not None]
+        if not good:
+            return None, failed
+        filler = torch.full_like(good[0], float("nan"))
+        return torch.stack([filler if r is None else r for r in rows]), failed
+
+    def _outputs_for(self, seqs: list[Sequence]) -> list[tuple[OutputCallback, RequestOutput]]:
+        """Incremental outputs (under the lock); finished requests drop their callback."""
+        outputs: list[tuple[OutputCallback, RequestOutput]] = []
+        for seq in seqs:
+            callback = self._callbacks.get(seq.request_id)
+            if callback is None:
+                continue
+            visible = seq.output_token_ids
+            if seq.finish_reason == "stop":
+                visible = visible[:-1]  # the EOS / stop token itself is not text
+            new = visible[seq.num_emitted_tokens :]
+            seq.num_emitted_tokens = len(visible)
+            if seq.is_finished:
+                del self._callbacks[seq.request_id]
+                self.sampler.release(seq.request_id)
+                self._completed_total += 1
+            elif not new:
+                continue
+            outputs.append(
+                (
+                    callback,
+                    RequestOutput(
+                        request_id=seq.request_id,
+                        new_token_ids=new,
+                        finished=seq.is_finished,
+                        finish_reason=seq.finish_reason,
+                        error=seq.error,
+                        metrics=seq.metrics(),
+                    ),
+                )
+            )
+        return outputs
+
+    @staticmethod
+    def _emit(outputs: list[tuple[OutputCallback, RequestOutput]]) -> None:
+        for callback, output in outputs:
+            try:
+                callback(output)
+            except Exception:
+                log.exception("on_output callback failed for %s", output.request_id)
+
+
+def _runner_max_model_len(runner: ModelRunner) -> int:
+    value = getattr(runner, "max_model_len", None)
+    return int(value) if value else int(runner.config.max_position)
+
+
+def _eos_token_id(runner: ModelRunner) -> int | None:
+    for name in ("eos_token_id", "eos"):
+        value = getattr(runner.config, name, None)
+        if value is not None:
+            return int(value[0] if isinstance(value, list | tuple) else value)
+    return None

@@ -1,0 +1,370 @@
+"""The model runner: the only place where the engine's steps meet torch and the paged KV cache.
+
+The engine hands `forward` a list of `StepInput`s (prefill chunks and single decode tokens of
+different sequences, mixed). The runner packs all their tokens into one forward pass: every
+matmul runs once over all tokens of the step; only attention is per sequence. K/V live in a pool
+of fixed-size blocks per layer; a token at position `p` of a sequence is stored in slot
+`block_table[p // block_size] * block_size + p % block_size`.
+
+Everything that depends on the step's shape (slots to write, slots to gather, masks, rows to take
+logits from) is computed once per step by `_plan` and reused by all layers, so the per-layer cost
+is the same handful of tensor ops whatever the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from wok_runtime.loader import load_model, parse_dtype, resolve_source
+from wok_runtime.model import Transformer
+from wok_runtime.model_config import ModelConfig
+from wok_runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class StepInput:
+    token_ids: list[int]  # the tokens to run this step (a prefill chunk, or 1 decode token)
+    start_pos: int  # position of token_ids[0] in the sequence
+    block_table: list[int]  # KV blocks of the sequence, covering positions [0, start_pos+len)
+
+
+@dataclass
+class _Prefill:
+    """A multi-token input: its rows in the packed batch and the keys it attends to."""
+
+    start: int  # first row of the chunk in the packed tokens
+    end: int
+    blocks: torch.Tensor | None  # (n_blocks,) blocks holding its keys; None: no prefix
+    mask: torch.Tensor | None  # (n_tokens, n_blocks * bs) bool, True = may attend
+
+
+@dataclass
+class _DecodeGroup:
+    """Single-token inputs of similar length, attended to in one padded SDPA call."""
+
+    start: int  # first row of the group in the packed tokens
+    end: int
+    blocks: torch.Tensor  # ((end - start) * n_blocks,) each one's blocks, padded with block 0
+    mask: torch.Tensor | None  # (end - start, 1, 1, n_blocks * bs) bool; None: no padding
+
+
+@dataclass
+class _StepPlan:
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    slots: torch.Tensor  # (T,) where each token's K/V is written
+    decodes: list[_DecodeGroup] = field(default_factory=list)  # rows [0, num_decode)
+    prefills: list[_Prefill] = field(default_factory=list)  # the rows after them
+    last_rows: torch.Tensor | None = None  # (len(inputs),) row of each input's last token
+
+
+class _PagedAttention:
+    """The attention backend of one step: writes K/V into the pool, attends over the blocks.
+
+    The pool is head-major, (KVH, blocks, bs, hd) per layer, so that gathering a sequence's
+    blocks yields, per KV head, one contiguous (n_keys, hd) matrix: the layout SDPA's CPU kernel
+    is fast on (a transposed view of a token-major pool made it several times slower)."""
+
+    def __init__(self, runner: ModelRunner, plan: _StepPlan) -> None:
+        self.k_slots, self.v_slots = runner._k_slots, runner._v_slots  # (layers, KVH, slots, hd)
+        self.k_blocks, self.v_blocks = runner.k_blocks, runner.v_blocks  # (layers, KVH, blocks, …)
+        self.plan = plan
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        plan = self.plan
+        self.k_slots[layer].index_copy_(1, plan.slots, k.transpose(0, 1))  # k: (T, KVH, hd)
+        self.v_slots[layer].index_copy_(1, plan.slots, v.transpose(0, 1))
+        k_blocks, v_blocks = self.k_blocks[layer], self.v_blocks[layer]  # (KVH, blocks, bs, hd)
+        _, n_heads, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        parts: list[torch.Tensor] = []
+        for group in plan.decodes:
+            B = group.end - group.start
+            # Query heads grouped under the KV head they share: GQA without repeating K/V.
+            qd = q[group.start : group.end].view(B, n_kv_heads, -1, head_dim)  # (B, KVH, G, hd)
+            # Whole blocks are gathered (one memcpy each), not single slots.
+            kd = k_blocks.index_select(1, group.blocks)  # (KVH, B * n_blocks, bs, hd)
+            vd = v_blocks.index_select(1, group.blocks)
+            out = F.scaled_dot_product_attention(
+                qd,
+                kd.view(n_kv_heads, B, -1, head_dim).transpose(0, 1),  # (B, KVH, n_keys, hd)
+                vd.view(n_kv_heads, B, -1, head_dim).transpose(0, 1),
+                attn_mask=group.mask,
+            )  # (B, KVH, G, hd)
+            parts.append(out.reshape(B, n_heads, head_dim))  # (B, H, hd)
+        for chunk in plan.prefills:
+            qp = q[chunk.start : chunk.end].transpose(0, 1)[None]  # (1, H, Tq, hd)
+            if chunk.blocks is None:
+                kp = k[chunk.start : chunk.end].transpose(0, 1)[None]  # (1, KVH, Tq, hd)
+                vp = v[chunk.start : chunk.end].transpose(0, 1)[None]
+            else:
+                kp = k_blocks.index_select(1, chunk.blocks).view(1, n_kv_heads, -1, head_dim)
+                vp = v_blocks.index_select(1, chunk.blocks).view(1, n_kv_heads, -1, head_dim)
+            out = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=True
+            )  # (1, H, Tq, hd)
+            parts.append(out[0].transpose(0, 1))  # (Tq, H, hd)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        source: str = "",
+    ) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"the KV cache must hold at least one block, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.tokenizer = tokenizer
+        self.source = source
+        self.model_name = source or "wok"
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.device = model.embed_tokens.weight.device
+        self.dtype = model.embed_tokens.weight.dtype
+        self.kv_bytes_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
+        c = self.config
+        kv_heads, layers = c.num_key_value_heads, c.num_hidden_layers
+        shape = (layers, kv_heads, num_blocks, block_size, c.head_dim)
+        # Zeros, not empty: padded gathers read unwritten slots, and garbage there could be NaN,
+        # which a zero attention weight does not cancel (0 * NaN = NaN).
+        self.k_blocks = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_blocks = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        flat = (layers, kv_heads, num_blocks * block_size, c.head_dim)
+        self._k_slots = self.k_blocks.view(flat)  # (layers, KVH, num_slots, hd)
+        self._v_slots = self.v_blocks.view(flat)
+        self._pin = self.device.type == "cuda"
+
+    @classmethod
+    def from_source(
+        cls,
+        source: str,
+        *,
+        dtype: str = "float32",
+        device: str | None = None,
+        block_size: int = 16,
+        kv_cache_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+        compile: bool = False,
+    ) -> ModelRunner:
+        torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch_dtype = parse_dtype(dtype)
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if max_num_batched_tokens <= 0:
+            raise ValueError("max_num_batched_tokens must be positive")
+        if kv_cache_bytes is None and torch_device.type != "cuda":
+            raise ValueError(
+                f"kv_cache_bytes is required on {torch_device.type} (there is no free-memory "
+                "figure to size the KV cache from)"
+            )
+        path = resolve_source(source)
+        model = load_model(path, dtype=torch_dtype, device=torch_device)
+        tokenizer = Tokenizer.from_dir(path)
+        config = model.config
+        if max_model_len is None:
+            max_model_len = config.max_position_embeddings
+        if not 0 < max_model_len <= config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len must be in [1, {config.max_position_embeddings}] for this model, "
+                f"got {max_model_len}"
+            )
+        if compile:
+            # Only the sequence-agnostic parts: attention's per-step Python planning would
+            # recompile on every new batch shape.
+            for block in model.layers:
+                block.mlp = torch.compile(block.mlp, dynamic=True)
+        block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
+        if kv_cache_bytes is None:
+            kv_cache_bytes = _cuda_kv_budget(
+                model, torch_device, gpu_memory_utilization, max_num_batched_tokens
+            )
+        num_blocks = kv_cache_bytes // block_bytes
+        if num_blocks <= 0:
+            raise ValueError(
+                f"a KV budget of {kv_cache_bytes} bytes holds no block of {block_size} tokens "
+                f"({block_bytes} bytes per block)"
+            )
+        return cls(
+            model,
+            tokenizer,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            source=source,
+        )
+
+    @torch.inference_mode()
+    def forward(self, inputs: list[StepInput]) -> torch.Tensor:
+        """Writes each input's K/V into its blocks, returns fp32 logits of the LAST token of each
+        input: shape (len(inputs), vocab)."""
+        if not inputs:
+            return torch.empty(0, self.config.vocab_size, device=self.device)
+        plan = self._plan(inputs)
+        backend = _PagedAttention(self, plan)
+        hidden = self.model(plan.input_ids, plan.positions, backend)  # (T, hidden)
+        return self.model.logits(hidden[plan.last_rows])  # (len(inputs), vocab)
+
+    def _plan(self, inputs: list[StepInput]) -> _StepPlan:
+        """Packs the step (single-token inputs first, so decode rows are one slice) and computes
+        every index the layers need, on the host, then moves it to the device in one go."""
+        bs = self.block_size
+        # Decode inputs sorted by length, so that groups of similar length are row slices.
+        decode = sorted(
+            (i for i, x in enumerate(inputs) if len(x.token_ids) == 1),
+            key=lambda i: inputs[i].start_pos,
+        )
+        prefill = [i for i, x in enumerate(inputs) if len(x.token_ids) != 1]
+        order = decode + prefill
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_rows = [0] * len(inputs)
+        for i in order:
+            x = inputs[i]
+            n, start, table = len(x.token_ids), x.start_pos, x.block_table
+            end = start + n
+            if n == 0:
+                raise ValueError("a step input has no tokens")
+            if start < 0 or end > self.max_model_len:
+                raise ValueError(f"positions [{start}, {end}) exceed max_model_len")
+            if len(table) * bs < end:
+                raise ValueError(f"block table of {len(table)} blocks does not cover {end} tokens")
+            token_ids.extend(x.token_ids)
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            last_rows[i] = len(token_ids) - 1
+        if len(token_ids) > self.max_num_batched_tokens:
+            raise ValueError(
+                f"{len(token_ids)} tokens exceed max_num_batched_tokens "
+                f"({self.max_num_batched_tokens})"
+            )
+        table_ids = [b for i in order for b in inputs[i].block_table]
+        if min(table_ids) < 0 or max(table_ids) >= self.num_blocks:
+            raise ValueError(f"a block table names a block outside [0, {self.num_blocks})")
+
+        to = self._to_device
+        plan = _StepPlan(
+            input_ids=to(torch.tensor(token_ids)),
+            positions=to(torch.tensor(positions)),
+            slots=to(torch.tensor(slots)),
+            last_rows=to(torch.tensor(last_rows)),
+        )
+        lengths = [inputs[i].start_pos + 1 for i in decode]  # ascending
+        for start, end in _length_groups([-(-n // bs) for n in lengths]):
+            group = decode[start:end]
+            n_blocks = -(-lengths[end - 1] // bs)
+            # Padding points at block 0; the mask hides it (and the unwritten tail of each).
+            padded = [(list(inputs[i].block_table) + [0] * n_blocks)[:n_blocks] for i in group]
+            blocks = to(torch.tensor(padded).view(-1))  # (B * n_blocks,)
+            mask = None
+            if lengths[start] != n_blocks * bs:
+                keys = torch.arange(n_blocks * bs)[None, :]
+                mask = to((keys < torch.tensor(lengths[start:end])[:, None])[:, None, None, :])
+            plan.decodes.append(_DecodeGroup(start, end, blocks, mask))
+        row = len(decode)
+        for i in prefill:
+            x = inputs[i]
+            n, start = len(x.token_ids), x.start_pos
+            if start == 0:
+                plan.prefills.append(_Prefill(row, row + n, None, None))
+            else:
+                n_blocks = -(-(start + n) // bs)
+                blocks = torch.tensor(x.block_table[:n_blocks])
+                # Query t sits at position start+t and sees keys at positions <= start+t.
+                mask = (
+                    torch.arange(n_blocks * bs)[None, :] <= torch.arange(start, start + n)[:, None]
+                )
+                plan.prefills.append(_Prefill(row, row + n, to(blocks), to(mask)))
+            row += n
+        return plan
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._pin:
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
+
+# What one more SDPA call costs, in gathered blocks of padding it must save to be worth it.
+_GROUP_COST_BLOCKS = 24
+
+
+def _length_groups(n_blocks: list[int]) -> list[tuple[int, int]]:
+    """Splits ascending per-sequence block counts into row ranges [start, end) that minimise
+    blocks gathered (padding included) + a fixed cost per group. Exact dynamic programming over
+    the distinct counts; past 64 distinct counts, four equal-size groups instead."""
+    n = len(n_blocks)
+    if n == 0:
+        return []
+    # Boundaries: the first row of each distinct count, plus n.
+    starts = [i for i in range(n) if i == 0 or n_blocks[i] != n_blocks[i - 1]] + [n]
+    u = len(starts) - 1
+    if u > 64:
+        edges = sorted({0, n // 4, n // 2, 3 * n // 4, n})
+        return list(itertools.pairwise(edges))
+    best = [0] + [1 << 62] * u  # best[j]: cost of rows [0, starts[j])
+    cut = [0] * (u + 1)
+    for j in range(1, u + 1):
+        end, width = starts[j], n_blocks[starts[j] - 1]
+        for i in range(j):
+            cost = best[i] + (end - starts[i]) * width + _GROUP_COST_BLOCKS
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups = []
+    j = u
+    while j > 0:
+        groups.append((starts[cut[j]], starts[j]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def _cuda_kv_budget(
+    model: Transformer, device: torch.device, utilization: float, max_num_batched_tokens: int
+) -> int:
+    """Bytes for the KV cache on a GPU: total × utilization − what is in use (weights) − the
+    activation peak of the largest step, measured by running it once."""
+    if device.type != "cuda":
+        raise ValueError(f"kv_cache_bytes is required on {device.type}")
+    from wok_runtime.model import CausalAttention
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    tokens = min(max_num_batched_tokens, model.config.max_position_embeddings)
+    with torch.inference_mode():
+        ids = torch.zeros(tokens, dtype=torch.long, device=device)
+        hidden = model(ids, torch.arange(tokens, device=device), CausalAttention())
+        model.logits(hidden[-min(tokens, 256) :])
+        del hidden
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    peak = torch.cuda.max_memory_allocated(device)
+    current = torch.cuda.memory_allocated(device)
+    budget = int(total * utilization - used - (peak - current))
+    if budget <= 0:
+        raise ValueError(
+            f"no GPU memory left for the KV cache at gpu_memory_utilization={utilization} "
+            f"(total {total}, in use {used}, activation peak {peak - current})"
+        )
+    return budget

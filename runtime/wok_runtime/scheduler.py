@@ -1,0 +1,307 @@
+"""Iteration-level (continuous) batching: which sequences run in the next model step, and how many
+tokens each.
+
+Every step the running sequences go first (decodes before prefill chunks, best priority first),
+then waiting requests are admitted while the running count is under the admission cap
+(`max_batch_size`), the step's token budget (`max_num_batched_tokens`) lasts and KV blocks are
+free. A prompt longer than what is left of the budget is prefilled in chunks over several steps.
+When blocks run out, the lowest-priority, newest running sequence is preempted by recompute: its
+blocks are freed and it goes back to the queue with its generated tokens, which are recomputed as
+prompt when it is admitted again; nothing is lost.
+
+The cap is live (`set_batching`): lowering it stops admissions until the running count drains
+below it (no preemption); raising it is clamped to `capacity` = the number of KV blocks (each
+running sequence holds at least one). Up to `kv_safe_batch_size` (how many `max_model_len`
+sequences the pool holds) preemption cannot happen; above it the pool is overcommitted and
+preemption absorbs the overflow. Two baseline modes share the interface: `static` admits a whole
+batch only when nothing runs (when `max_batch_size` requests wait or the oldest has waited
+`max_wait_ms`) and runs it to completion; `serial` runs one request at a time.
+
+Pure Python: no torch, times are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wok_runtime.block_manager import BlockManager
+from wok_runtime.engine_config import Mode
+from wok_runtime.request_queue import RequestQueue
+from wok_runtime.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    start_pos: int  # position of the first token run this step
+    num_tokens: int  # tokens run this step: a prefill chunk, or 1 for a decode
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start_pos : self.start_pos + self.num_tokens]
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so a new token is sampled."""
+        return self.start_pos + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _rank(seq: Sequence) -> tuple[int, float]:
+    """Lower is better: priority class, then arrival (older first)."""
+    return (seq.priority, seq.arrival_time)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        mode: Mode,
+        max_batch_size: int,
+        max_wait_ms: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_manager: BlockManager,
+        queue: RequestQueue,
+        eos_token_id: int | None,
+    ) -> None:
+        self.mode = mode
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.block_manager = block_manager
+        self.queue = queue
+        self.eos_token_id = eos_token_id
+        blocks_per_seq = block_manager.blocks_for_tokens(max_model_len)
+        if blocks_per_seq > block_manager.num_blocks:
+            raise ValueError(
+                f"the KV pool ({block_manager.num_blocks} blocks of {block_manager.block_size} "
+                f"tokens) cannot hold one sequence of max_model_len={max_model_len} tokens"
+            )
+        if blocks_per_seq > block_manager.tenant_quota_blocks:
+            raise ValueError(
+                f"tenant_kv_share={block_manager.tenant_kv_share} leaves a tenant "
+                f"{block_manager.tenant_quota_blocks} KV blocks, fewer than one sequence of "
+                f"max_model_len={max_model_len} tokens needs ({blocks_per_seq})"
+            )
+        # Each running sequence holds at least one block, so no more than num_blocks can run.
+        # Above kv_safe_batch_size (full-length sequences that fit) the pool is overcommitted,
+        # as in vLLM: fine while sequences are shorter than max_model_len, and preemption by
+        # recompute absorbs the rest. The operator's memory cap (B_mem) sits on top of this.
+        self.capacity = block_manager.num_blocks
+        self.kv_safe_batch_size = max(1, block_manager.num_blocks // blocks_per_seq)
+        self.running: list[Sequence] = []
+        self.max_batch_size = 1
+        self.max_wait_ms = 0
+        self.draining = False  # static mode: form a batch at once instead of waiting to fill
+        self.num_preemptions_total = 0
+        self.set_batching(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+
+    # --- live parameters ----------------------------------------------------------------------
+
+    def set_batching(
+        self, *, max_batch_size: int | None = None, max_wait_ms: int | None = None
+    ) -> None:
+        """Takes effect at the next `schedule`. Values are clamped, never refused."""
+        if max_batch_size is not None:
+            self.max_batch_size = (
+                1 if self.mode == "serial" else min(max(1, max_batch_size), self.capacity)
+            )
+        if max_wait_ms is not None:
+            self.max_wait_ms = max(0, max_wait_ms)
+
+    # --- requests in and out ------------------------------------------------------------------
+
+    def add(self, seq: Sequence, now: float) -> None:
+        self.queue.push(seq, now)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.queue) > 0
+
+    def get(self, request_id: str) -> Sequence | None:
+        seq = self.queue.get(request_id)
+        if seq is not None:
+            return seq
+        return next((s for s in self.running if s.request_id == request_id), None)
+
+    def finish(self, seq: Sequence, reason: str, now: float, error: str | None = None) -> None:
+        """Ends a request wherever it is (queue or running) and frees everything it holds."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.WAITING:
+            self.queue.remove(seq.request_id)
+        elif seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.error = error
+        seq.finished_time = now
+        if seq.first_scheduled_time is not None:
+            self.queue.completions.record(now)
+
+    def expire(self, now: float) -> list[Sequence]:
+        """Waiting requests past their queue deadline, finished with reason "timeout"."""
+        expired = self.queue.expire(now)
+        for seq in expired:
+            waited = now - seq.arrival_time
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = "timeout"
+            seq.error = f"waited {waited:.2f} s in the queue without being scheduled"
+            seq.finished_time = now
+        return expired
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When an idle engine must look again even if nothing arrives (a queue deadline, or the
+        moment a static batch is due)."""
+        times = [t for t in (self.queue.next_deadline(),) if t is not None]
+        if self.mode == "static" and not self.running:
+            oldest = self.queue.oldest_arrival()
+            if oldest is not None:
+                times.append(oldest + self.max_wait_ms / 1000.0)
+        return min(times, default=None)
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        chosen: dict[Sequence, int] = {}  # seq -> tokens this step, in insertion order
+        ranked = sorted(self.running, key=_rank)
+        # Decodes first: one token each keeps every running sequence moving even when a long
+        # prefill chunk would eat the whole budget.
+        order = [s for s in ranked if s.num_uncomputed_tokens == 1]
+        order += [s for s in ranked if s.num_uncomputed_tokens > 1]
+        for seq in order:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n == 0:
+                continue
+            while not self.block_manager.can_allocate(seq, seq.num_computed_tokens + n):
+                victim = self._pick_victim(seq, seq.num_computed_tokens + n)
+                if victim is None:
+                    self._preempt(seq, out)
+                    break
+                budget += chosen.pop(victim, 0)
+                self._preempt(victim, out)
+            else:
+                self.block_manager.allocate(seq, seq.num_computed_tokens + n)
+                chosen[seq] = n
+                budget -= n
+        if not out.preempted:
+            budget = self._admit(now, budget, chosen)
+        for seq, n in chosen.items():
+            item = ScheduledSeq(seq=seq, start_pos=seq.num_computed_tokens, num_tokens=n)
+            out.scheduled.append(item)
+            if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0:
+                out.num_decode_tokens += n
+            else:
+                out.num_prefill_tokens += n
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+        assert budget >= 0
+        return out
+
+    def _admission_cap(self, now: float) -> int:
+        """How many sequences may be running after this step's admissions."""
+        if self.mode == "serial":
+            return 1 if not self.running else 0
+        if self.mode == "static":
+            if self.running or len(self.queue) == 0:
+                return 0  # a static batch runs to completion before the next forms
+            oldest = self.queue.oldest_arrival()
+            assert oldest is not None
+            due = (
+                self.draining
+                or len(self.queue) >= self.max_batch_size
+                or (now - oldest) * 1000.0 >= self.max_wait_ms
+            )
+            return self.max_batch_size if due else 0
+        return self.max_batch_size
+
+    def _admit(self, now: float, budget: int, chosen: dict[Sequence, int]) -> int:
+        cap = self._admission_cap(now)
+        admitted: list[Sequence] = []
+        for seq in self.queue.in_order(now):
+            if len(self.running) + len(admitted) >= cap or budget == 0:
+                break
+            n = min(seq.num_uncomputed_tokens, budget)
+            if self.block_manager.tenant_blocked(seq, n):
+                continue  # this tenant is at its share; others may still be admitted
+            if not self.block_manager.can_allocate(seq, n):
+                break  # the pool is full: keep priority order rather than let small ones by
+            self.block_manager.allocate(seq, n)
+            admitted.append(seq)
+            chosen[seq] = n
+            budget -= n
+        for seq in admitted:
+            self.queue.remove(seq.request_id)
+            seq.status = SequenceStatus.RUNNING
+            seq.queue_deadline = None  # admitted once: a later preemption never times it out
+            self.running.append(seq)
+        return budget
+
+    def _pick_victim(self, needy: Sequence, num_tokens: int) -> Sequence | None:
+        """The worst-ranked running sequence ranked below `needy`; when `needy`'s tenant is at its
+        quota, only that tenant's own sequences qualify (a tenant never evicts another)."""
+        tenant_bound = self.block_manager.tenant_blocked(needy, num_tokens)
+        candidates = [
+            s
+            for s in self.running
+            if s is not needy
+            and _rank(s) > _rank(needy)
+            and (not tenant_bound or (s.tenant or "") == (needy.tenant or ""))
+        ]
+        return max(candidates, key=_rank, default=None)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        if seq.block_table or seq.num_computed_tokens:
+            seq.num_preemptions += 1
+            self.num_preemptions_total += 1
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        self.queue.requeue(seq)
+        out.preempted.append(seq)
+
+    def postprocess(
+        self, output: SchedulerOutput, sampled: dict[Sequence, int], now: float
+    ) -> list[Sequence]:
+        """Advances the scheduled sequences by their step, appends sampled tokens and finishes
+        those that stopped. Sequences missing from `sampled` although they should have sampled
+        must have been finished by the caller (an error). Returns the sequences that got a token."""
+        advanced: list[Sequence] = []
+        for item in output.scheduled:
+            seq = item.seq
+            if seq.is_finished:
+                continue
+            seq.num_computed_tokens += item.num_tokens
+            if not item.samples:
+                continue
+            token = sampled[seq]
+            seq.append_token(token, now)
+            advanced.append(seq)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason, now)
+        return advanced
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        if token == self.eos_token_id and not seq.params.ignore_eos:
+            return "stop"
+        if token in seq.params.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,901 @@
+"""`wok runtime serve`: the engine behind an OpenAI-compatible HTTP API, metrics and an admin API.
+
+Why a module of its own: the engine is a thread that knows nothing about HTTP. This module owns
+everything between a socket and `LLMEngine.add_request`: validation (OpenAI error shapes, never a
+500 for bad input), backpressure (429 + Retry-After when the queue is full, 503 on queue timeout
+and while draining), cancellation (a client that goes away aborts its sequence and frees its KV
+blocks), the live admin API the operator drives, and a SIGTERM drain that lets in-flight requests
+finish before the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from wok_runtime import protocol as p
+from wok_runtime.detokenizer import IncrementalText
+from wok_runtime.metrics import (
+    REJECT_DRAINING,
+    REJECT_QUEUE_FULL,
+    REJECT_QUEUE_TIMEOUT,
+    RuntimeMetrics,
+)
+
+log = logging.getLogger("wok.runtime.server")
+
+DEFAULT_PRIORITY_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DISCONNECT_POLL_S = 0.25
+SAMPLING_EPS = 1e-5
+PRIORITY_HEADER = "x-wok-priority"
+TENANT_HEADER = "x-wok-tenant"
+PREEMPTIONS_HEADER = "x-wok-preemptions"  # on non-streamed answers: times it was preempted
+QUEUE_TIME_HEADER = "x-wok-queue-seconds"  # on non-streamed answers: arrival to first step
+MAX_TENANT_LEN = 128
+
+#: Used when the tokenizer has no chat template (documented in the README of the runtime).
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def parse_priority_classes(text: str) -> dict[str, int]:
+    """`interactive=0,standard=1,batch=2` -> {"interactive": 0, ...}."""
+    classes: dict[str, int] = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not sep or not name.strip() or not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"--priority-classes: expected NAME=INT[,NAME=INT…], got {text!r}")
+        if int(value) < 0:
+            raise ValueError(f"--priority-classes: priorities are >= 0, got {item!r}")
+        classes[name.strip()] = int(value)
+    return classes
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_name: str
+    admin_token: str | None = None
+    priority_classes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
+    default_priority: int = 1
+    drain_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.served_model_name:
+            raise ValueError("served model name must not be empty")
+        if self.admin_token is not None and len(self.admin_token) < 8:
+            raise ValueError("the admin token must be at least 8 characters")
+        if not self.priority_classes:
+            raise ValueError("at least one priority class is needed")
+        if not (math.isfinite(self.drain_seconds) and self.drain_seconds >= 0):
+            raise ValueError(f"drain seconds must be >= 0, got {self.drain_seconds}")
+
+    @property
+    def max_priority(self) -> int:
+        return max(self.priority_classes.values())
+
+
+class APIError(Exception):
+    """An error the client caused or must handle, sent in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.headers = param, code, headers
+
+    def response(self) -> JSONResponse:
+        body = p.error_body(self.message, type=self.type, param=self.param, code=self.code)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+class ServerState:
+    """What /readyz reports and the drain waits on (touched only on the event loop)."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.draining = False
+        self.in_flight = 0
+
+
+class _Tracked:
+    """One request's bridge from the engine thread to its handler, plus its metrics bookkeeping.
+
+    `on_output` runs on the engine thread: it records metrics there (so they are right even when
+    the handler has gone) and hands the output to the event loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: RuntimeMetrics) -> None:
+        self.loop = loop
+        self.metrics = metrics
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.request_id: str | None = None
+        # Polled for a disconnect while waiting; None once a StreamingResponse (which watches
+        # for the disconnect itself, and must be the only reader of `receive`) has taken over.
+        self.watch: Request | None = None
+        self.last_poll = time.monotonic()
+        self.finished = False  # seen by the handler
+        self.stopped_by_string = False  # set before the server aborts on a stop string
+        self.final_metrics: Any = None  # RequestMetrics of the finished request
+        self._last_token_time: float | None = None
+
+    def on_output(self, out: Any) -> None:
+        n = len(out.new_token_ids)
+        if n:
+            last = out.metrics.last_token_time
+            interval = None
+            if self._last_token_time is not None and last is not None:
+                interval = last - self._last_token_time
+            self.metrics.observe_tokens(n, interval)
+            self._last_token_time = last
+        if out.finished:
+            reason = out.finish_reason
+            if reason == "abort" and self.stopped_by_string:
+                reason = "stop"
+            if reason == "timeout":
+                self.metrics.reject(REJECT_QUEUE_TIMEOUT)
+            elif reason in ("stop", "length", "abort"):
+                self.metrics.observe_finished(finish_reason=reason, metrics=out.metrics)
+        # A closed event loop means the server is gone and nobody is waiting.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+
+def _format_chat_prompt(tokenizer: Any, messages: list[p.ChatMessage], add_gen: bool) -> str:
+    """The model's own chat template when its tokenizer has one, else FALLBACK_CHAT_TEMPLATE."""
+    import jinja2
+    import jinja2.sandbox
+
+    plain = [{"role": m.role, "content": m.text()} for m in messages]
+    try:
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(plain, add_generation_prompt=add_gen)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(FALLBACK_CHAT_TEMPLATE).render(
+            messages=plain, add_generation_prompt=add_gen
+        )
+    except jinja2.TemplateError as error:
+        raise APIError(400, f"the chat template failed: {error}", param="messages") from error
+
+
+class Server:
+    """The app's request logic over one engine; `create_app` wires it into FastAPI."""
+
+    def __init__(self, engine: Any, config: ServerConfig, metrics: RuntimeMetrics) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics
+        self.state = ServerState()
+        self.vocab_size: int = engine.vocab_size
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def priority(self, request: Request, body_priority: p.Priority | None) -> int:
+        raw: Any = request.headers.get(PRIORITY_HEADER)
+        if raw is None:
+            raw = body_priority
+        if raw is None:
+            return self.config.default_priority
+        text = str(raw).strip()
+        if text in self.config.priority_classes:
+            return self.config.priority_classes[text]
+        if text.isdigit() and int(text) <= self.config.max_priority:
+            return int(text)
+        known = ", ".join(f"{k}={v}" for k, v in self.config.priority_classes.items())
+        raise APIError(
+            400,
+            f"unknown priority {text!r}: use a class ({known}) or 0..{self.config.max_priority}",
+            param="priority",
+        )
+
+    def tenant(self, request: Request) -> str | None:
+        tenant = request.headers.get(TENANT_HEADER)
+        if tenant is not None and not 0 < len(tenant) <= MAX_TENANT_LEN:
+            raise APIError(400, f"{TENANT_HEADER} must be 1..{MAX_TENANT_LEN} characters")
+        return tenant
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.config.served_model_name:
+            raise APIError(
+                400,
+                f"the model {model!r} does not exist; this server serves "
+                f"{self.config.served_model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def sampling_params(self, body: p._Request, max_tokens: int) -> Any:
+        from wok_runtime.sampling_params import SamplingParams
+
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                # Like vLLM: a vanishing temperature is greedy (dividing by it overflows).
+                temperature=0.0 if body.temperature < SAMPLING_EPS else body.temperature,
+                # Below float32's reach a tiny top_p rounds to 0; any tiny value keeps the top 1.
+                top_p=max(body.top_p, SAMPLING_EPS),
+                top_k=body.top_k,
+                seed=body.seed,
+                ignore_eos=body.ignore_eos,
+            )
+        except ValueError as error:
+            raise APIError(400, str(error)) from error
+
+    def check_prompt(self, ids: list[int], max_tokens: int) -> None:
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param="prompt",
+            )
+        limit = self.engine.max_model_len
+        if len(ids) + max_tokens > limit:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {limit} tokens; the request has "
+                f"{len(ids)} prompt tokens and asks for {max_tokens} more",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+    def submit(self, ids: list[int], params: Any, *, priority: int, tenant: str | None) -> _Tracked:
+        from wok_runtime.engine import InvalidRequestError, QueueFullError
+
+        if self.state.draining:
+            self.metrics.reject(REJECT_DRAINING)
+            raise APIError(
+                503,
+                "the server is draining (shutting down); retry on another replica",
+                type="service_unavailable",
+                code="draining",
+            )
+        tracked = _Tracked(asyncio.get_running_loop(), self.metrics)
+        try:
+            tracked.request_id = self.engine.add_request(
+                ids,
+                params,
+                on_output=tracked.on_output,
+                priority=priority,
+                tenant=tenant,
+            )
+        except QueueFullError as error:
+            self.metrics.reject(REJECT_QUEUE_FULL)
+            retry = max(1, math.ceil(error.retry_after_s))
+            raise APIError(
+                429,
+                f"the request queue is full ({error.reason}); retry after {retry} s",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(retry)},
+            ) from error
+        except (InvalidRequestError, ValueError) as error:
+            raise APIError(400, str(error)) from error
+        return tracked
+
+    def abort(self, tracked: _Tracked) -> None:
+        if not tracked.finished and tracked.request_id is not None:
+            tracked.finished = True
+            self.engine.abort(tracked.request_id)
+
+    async def next_output(self, tracked: _Tracked) -> Any:
+        """The next output; aborts the request if the client it watches has gone away."""
+        while True:
+            # Checked on a clock, not only when idle: outputs may arrive faster than the poll.
+            now = time.monotonic()
+            if tracked.watch is not None and now - tracked.last_poll >= DISCONNECT_POLL_S:
+                tracked.last_poll = now
+                if await tracked.watch.is_disconnected():
+                    self.abort(tracked)
+                    # Nobody reads this answer: the status only names the case in logs.
+                    raise APIError(499, "client disconnected", code="client_closed")
+            try:
+                return await asyncio.wait_for(tracked.queue.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                continue
+
+    @staticmethod
+    def raise_for_failure(out: Any) -> None:
+        if out.finish_reason == "timeout":
+            raise APIError(
+                503,
+                out.error or "the request waited longer than the queue timeout",
+                type="service_unavailable",
+                code="queue_timeout",
+            )
+        if out.finish_reason == "error":
+            raise APIError(
+                500,
+                out.error or "the engine failed this request",
+                type="internal_error",
+                code="engine_error",
+            )
+
+    # --- generation ---------------------------------------------------------------------------
+
+    async def generate(
+        self, tracked: _Tracked, text: IncrementalText
+    ) -> AsyncIterator[tuple[str, list[int], str | None]]:
+        """Yields (new text, new ids, finish reason or None) until the request finishes.
+
+        The first output is awaited before anything is yielded, so a queue timeout can still be
+        answered with a 503 rather than an empty 200 stream. Aborts on exit if not finished.
+        """
+        try:
+            while True:
+                out = await self.next_output(tracked)
+                if out.finished:
+                    tracked.finished = True
+                    tracked.final_metrics = out.metrics
+                    self.raise_for_failure(out)
+                new = text.add(out.new_token_ids, final=out.finished)
+                if text.stopped:
+                    tracked.stopped_by_string = True
+                    self.abort(tracked)
+                    yield new, out.new_token_ids, "stop"
+                    return
+                # "abort" here was not the client's (it has gone) nor a stop string's: the
+                # engine gave up on the request (shutdown), and says so in a stream's last chunk.
+                reason = out.finish_reason if out.finished else None
+                yield new, out.new_token_ids, reason
+                if out.finished:
+                    return
+        finally:
+            self.abort(tracked)
+
+
+def create_app(
+    engine: Any, config: ServerConfig, *, metrics: RuntimeMetrics | None = None, warmup: bool = True
+) -> FastAPI:
+    """The FastAPI app over an engine that is not started yet (the lifespan starts and stops it).
+
+    Pass `metrics` when the engine was built with `on_step=metrics.observe_step`.
+    """
+    if metrics is None:
+        priorities = tuple(sorted(set(config.priority_classes.values())))
+        metrics = RuntimeMetrics(config.served_model_name, engine.stats, priorities=priorities)
+    server = Server(engine, config, metrics)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        if warmup:
+            await _warm_up(server)
+        server.state.ready = True
+        log.info("ready: serving %r", config.served_model_name)
+        try:
+            yield
+        finally:
+            server.state.ready = False
+            server.state.draining = True
+            await asyncio.to_thread(engine.shutdown, config.drain_seconds)
+
+    app = FastAPI(
+        title="wok runtime",
+        version="1",
+        description="OpenAI-compatible completions, Prometheus metrics and a live admin API.",
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    _install_error_handlers(app)
+    _add_routes(app, server)
+    return app
+
+
+async def _warm_up(server: Server) -> None:
+    """One short generation, so the first real request does not pay for lazy initialisation."""
+    from wok_runtime.sampling_params import SamplingParams
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Queue[Any] = asyncio.Queue()
+    server.engine.add_request(
+        [0],
+        SamplingParams(max_tokens=2, ignore_eos=True),
+        on_output=lambda out: loop.call_soon_threadsafe(done.put_nowait, out),
+    )
+    while not (await done.get()).finished:
+        pass
+
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": p.ErrorResponse, "description": "invalid request"},
+    429: {"model": p.ErrorResponse, "description": "queue full (see Retry-After)"},
+    503: {"model": p.ErrorResponse, "description": "queue timeout or draining"},
+}
+_COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **_ERROR_RESPONSES,
+    200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream=true"},
+}
+_ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": p.ErrorResponse, "description": "missing or wrong bearer token"},
+    403: {"model": p.ErrorResponse, "description": "admin API disabled (no token configured)"},
+    422: {"model": p.ErrorResponse, "description": "invalid values"},
+}
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = error.errors()
+        first = errors[0] if errors else {}
+        json_invalid = first.get("type") == "json_invalid"
+        loc = [] if json_invalid else [str(x) for x in first.get("loc", ()) if x != "body"]
+        what = "invalid JSON" if json_invalid else ".".join(loc) or "body"
+        message = f"{what}: {first.get('msg', 'invalid request')}"
+        # OpenAI answers 400 for every invalid request; the admin API keeps FastAPI's 422.
+        status = 422 if request.url.path.startswith("/admin/") else 400
+        return APIError(
+            status,
+            message,
+            param=loc[0] if loc else None,
+            code="invalid_json" if json_invalid else "invalid_value",
+        ).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return APIError(
+            error.status_code, str(error.detail), type=kind, headers=getattr(error, "headers", None)
+        ).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return APIError(
+            500,
+            f"internal error: {type(error).__name__}",
+            type="internal_error",
+            code="internal_error",
+        ).response()
+
+
+def _usage(prompt: int, completion: int) -> p.Usage:
+    return p.Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def _sse(payload: p.BaseModel | str) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json(exclude_none=False)
+    return f"data: {data}\n\n"
+
+
+def _add_routes(app: FastAPI, server: Server) -> None:
+    config = server.config
+    engine = server.engine
+
+    @app.get("/healthz", response_model=p.Health, tags=["health"])
+    async def healthz() -> p.Health:
+        return p.Health(status="alive")
+
+    @app.get(
+        "/readyz", response_model=p.Health, tags=["health"], responses={503: {"model": p.Health}}
+    )
+    async def readyz() -> Any:
+        if server.state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        if not server.state.ready:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return p.Health(status="ready")
+
+    @app.get("/metrics", tags=["metrics"], response_class=Response)
+    async def metrics() -> Response:
+        body, content_type = server.metrics.render()
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/v1/models", response_model=p.ModelList, tags=["openai"])
+    async def models() -> p.ModelList:
+        card = p.ModelCard(
+            id=config.served_model_name, created=p.now(), max_model_len=engine.max_model_len
+        )
+        return p.ModelList(data=[card])
+
+    async def run(
+        request: Request,
+        body: p._Request,
+        ids: list[int],
+        max_tokens: int,
+        make_chunk: Callable[[str, list[int] | None, str | None, bool], p.BaseModel],
+        make_response: Callable[[str, list[int] | None, str | None, p.Usage], p.BaseModel],
+    ) -> Any:
+        server.check_model(body.model)
+        server.check_prompt(ids, max_tokens)
+        params = server.sampling_params(body, max_tokens)
+        priority = server.priority(request, body.priority)
+        tenant = server.tenant(request)
+        server.state.in_flight += 1
+        release = True
+        try:
+            tracked = server.submit(ids, params, priority=priority, tenant=tenant)
+            tracked.watch = request
+            text = IncrementalText(engine.tokenizer.decode, body.stop_strings())
+            pieces = server.generate(tracked, text)
+            want_ids = body.return_token_ids
+            if not body.stream:
+                out_ids: list[int] = []
+                reason = None
+                async for _new, new_ids, reason in pieces:  # noqa: B007
+                    out_ids.extend(new_ids)
+                if reason == "abort":
+                    raise APIError(
+                        503,
+                        "the engine stopped this request before it finished (shutting down)",
+                        type="service_unavailable",
+                        code="aborted",
+                    )
+                usage = _usage(len(ids), len(out_ids))
+                answer = make_response(text.text, out_ids if want_ids else None, reason, usage)
+                return JSONResponse(answer.model_dump(), headers=_timing_headers(tracked))
+            # Waits for the first piece before the 200 goes out (a timeout is still a 503).
+            first = await anext(pieces)
+            tracked.watch = None
+
+            async def events() -> AsyncIterator[str]:
+                count = 0
+                role = make_chunk("", None, None, True)
+                if role is not None:
+                    yield _sse(role)
+                piece: tuple[str, list[int], str | None] | None = first
+                while piece is not None:
+                    new, new_ids, reason = piece
+                    count += len(new_ids)
+                    if new or reason or (want_ids and new_ids):
+                        yield _sse(make_chunk(new, new_ids if want_ids else None, reason, False))
+                    try:
+                        piece = await anext(pieces, None)
+                    except APIError as error:
+                        # The 200 is already out: the failure travels as an error event.
+                        yield _sse(
+                            json.dumps(
+                                p.error_body(error.message, type=error.type, code=error.code)
+                            )
+                        )
+                        break
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield _sse(_usage_chunk(make_chunk, _usage(len(ids), count)))
+                yield _sse("[DONE]")
+
+            async def on_close() -> None:
+                await pieces.aclose()  # aborts the sequence if it has not finished
+                server.state.in_flight -= 1
+
+            release = False
+            return _SSEResponse(events(), on_close)
+        finally:
+            if release:
+                server.state.in_flight -= 1
+
+    @app.post(
+        "/v1/completions",
+        response_model=p.CompletionResponse,
+        tags=["openai"],
+        responses=_COMPLETION_RESPONSES,
+    )
+    async def completions(request: Request, body: p.CompletionRequest) -> Any:
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = engine.tokenizer.encode(prompt) if prompt else []
+        else:
+            ids = list(prompt)
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+        rid, created = p.new_id("cmpl"), p.now()
+
+        def chunk(new: str, new_ids: list[int] | None, reason: str | None, first: bool) -> Any:
+            if first:
+                return None
+            choice = p.CompletionChoice(text=new, finish_reason=reason, token_ids=new_ids)
+            return p.CompletionResponse(
+                id=rid, created=created, model=config.served_model_name, choices=[choice]
+            )
+
+        def response(text: str, out: list[int] | None, reason: str | None, usage: p.Usage) -> Any:
+            choice = p.CompletionChoice(text=text, finish_reason=reason, token_ids=out)
+            return p.CompletionResponse(
+                id=rid,
+                created=created,
+                model=config.served_model_name,
+                choices=[choice],
+                usage=usage,
+            )
+
+        return await run(request, body, ids, max_tokens, chunk, response)
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=p.ChatCompletionResponse,
+        tags=["openai"],
+        responses=_COMPLETION_RESPONSES,
+    )
+    async def chat(request: Request, body: p.ChatCompletionRequest) -> Any:
+        prompt = _format_chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)
+        ids = engine.tokenizer.encode(prompt) if prompt else []
+        requested = body.max_completion_tokens or body.max_tokens
+        # OpenAI's default for chat: as many tokens as the context has room for.
+        max_tokens = requested or max(1, engine.max_model_len - len(ids))
+        rid, created = p.new_id("chatcmpl"), p.now()
+
+        def chunk(new: str, new_ids: list[int] | None, reason: str | None, first: bool) -> Any:
+            delta = p.ChatDelta(role="assistant", content="") if first else p.ChatDelta(content=new)
+            choice = p.ChatChunkChoice(delta=delta, finish_reason=reason, token_ids=new_ids)
+            return p.ChatCompletionChunk(
+                id=rid, created=created, model=config.served_model_name, choices=[choice]
+            )
+
+        def response(text: str, out: list[int] | None, reason: str | None, usage: p.Usage) -> Any:
+            choice = p.ChatChoice(
+                message=p.ChatMessageOut(content=text), finish_reason=reason, token_ids=out
+            )
+            return p.ChatCompletionResponse(
+                id=rid,
+                created=created,
+                model=config.served_model_name,
+                choices=[choice],
+                usage=usage,
+            )
+
+        return await run(request, body, ids, max_tokens, chunk, response)
+
+    def require_admin(request: Request) -> None:
+        if config.admin_token is None:
+            raise APIError(
+                403,
+                "the admin API is disabled: start the server with "
+                "--admin-token-file or WOK_ADMIN_TOKEN",
+                type="permission_error",
+                code="admin_disabled",
+            )
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), config.admin_token.encode()
+        )
+        if not ok:
+            raise APIError(
+                401,
+                "a valid bearer token is required",
+                type="authentication_error",
+                code="unauthorized",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def batching_state() -> p.BatchingState:
+        b = engine.get_batching()
+        return p.BatchingState(
+            max_batch_size=b.max_batch_size,
+            max_wait_ms=b.max_wait_ms,
+            max_num_batched_tokens=b.max_num_batched_tokens,
+            mode=str(b.mode),
+            capacity=b.capacity,
+        )
+
+    @app.get(
+        "/admin/v1/batching",
+        response_model=p.BatchingState,
+        tags=["admin"],
+        responses=_ADMIN_RESPONSES,
+    )
+    async def get_batching(request: Request) -> p.BatchingState:
+        require_admin(request)
+        return batching_state()
+
+    @app.put(
+        "/admin/v1/batching",
+        response_model=p.BatchingState,
+        tags=["admin"],
+        responses=_ADMIN_RESPONSES,
+    )
+    async def put_batching(request: Request, update: p.BatchingUpdate) -> p.BatchingState:
+        require_admin(request)
+        try:
+            engine.set_batching(
+                max_batch_size=update.max_batch_size, max_wait_ms=update.max_wait_ms
+            )
+        except ValueError as error:
+            raise APIError(422, str(error)) from error
+        state = batching_state()
+        log.info("admin: batching set to %s", state.model_dump())
+        return state
+
+
+def _timing_headers(tracked: _Tracked) -> dict[str, str]:
+    """wok's per-request facts for a non-streamed answer (tests and debugging read them)."""
+    m = tracked.final_metrics
+    if m is None:
+        return {}
+    return {
+        PREEMPTIONS_HEADER: str(m.num_preemptions),
+        QUEUE_TIME_HEADER: f"{(m.first_scheduled_time or m.arrival_time) - m.arrival_time:.6f}",
+    }
+
+
+class _SSEResponse(StreamingResponse):
+    """A text/event-stream whose `on_close` runs however the stream ends, even if the client
+    left before the first byte (then Starlette never iterates the body, so a `finally` inside
+    the generator would not run)."""
+
+    def __init__(
+        self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+def _usage_chunk(make_chunk: Callable[..., Any], usage: p.Usage) -> Any:
+    chunk = make_chunk("", None, None, False)
+    return chunk.model_copy(update={"choices": [], "usage": usage})
+
+
+# --- the process ---------------------------------------------------------------------------------
+
+
+def read_admin_token(path: str | None) -> str | None:
+    if path:
+        token = Path(path).read_text().strip()
+        if not token:
+            raise ValueError(f"--admin-token-file {path} is empty")
+        return token
+    return os.environ.get("WOK_ADMIN_TOKEN", "").strip() or None
+
+
+def _drain_then_exit(uv: Any, server: Server, drain_seconds: float) -> None:
+    """SIGTERM: not ready, no admissions; exit once nothing is in flight (or the grace is up)."""
+
+    async def drain() -> None:
+        deadline = time.monotonic() + drain_seconds
+        while time.monotonic() < deadline:
+            stats = server.engine.stats()
+            if server.state.in_flight == 0 and stats.num_running == 0 and stats.num_waiting == 0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            log.warning(
+                "drain grace (%.1f s) is up with %d request(s) in flight",
+                drain_seconds,
+                server.state.in_flight,
+            )
+        uv.should_exit = True
+
+    server.state.draining = True
+    server.state.ready = False
+    log.info(
+        "draining: %d request(s) in flight, grace %.1f s", server.state.in_flight, drain_seconds
+    )
+    server.drain_task = asyncio.get_running_loop().create_task(drain())  # type: ignore[attr-defined]
+
+
+def _default_dtype(device: str | None) -> str:
+    import torch
+
+    on_cuda = device == "cuda" or (device is None and torch.cuda.is_available())
+    return "bfloat16" if on_cuda else "float32"
+
+
+def serve_from_args(args: argparse.Namespace) -> int:
+    """`wok runtime serve`: loads the model, builds the engine, serves until SIGTERM."""
+    from wok_runtime.engine import EngineConfig, LLMEngine
+    from wok_runtime.model_runner import ModelRunner
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    classes = parse_priority_classes(args.priority_classes)
+    config = ServerConfig(
+        served_model_name=args.served_model_name or args.model,
+        admin_token=read_admin_token(args.admin_token_file),
+        priority_classes=classes,
+        default_priority=classes.get("standard", min(classes.values())),
+        drain_seconds=args.drain_seconds,
+    )
+    engine_config = EngineConfig(
+        mode=args.mode,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_queue=args.max_queue,
+        queue_timeout_s=args.queue_timeout,
+        aging_s=args.aging_seconds,
+        tenant_kv_share=args.tenant_kv_share,
+        max_model_len=args.max_model_len,
+    )
+    dtype = args.dtype or _default_dtype(args.device)
+    runner = ModelRunner.from_source(
+        args.model,
+        dtype=dtype,
+        device=args.device,
+        block_size=args.block_size,
+        kv_cache_bytes=args.kv_cache_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    )
+    priorities = tuple(sorted(set(classes.values())))
+    # The collector reads the engine at scrape time; the engine reports steps to the collector.
+    metrics = RuntimeMetrics(
+        config.served_model_name, lambda: engine.stats(), priorities=priorities
+    )
+    engine = LLMEngine(runner, engine_config, on_step=metrics.observe_step)
+    app = create_app(engine, config, metrics=metrics)
+    if config.admin_token is None:
+        log.warning(
+            "admin API disabled: no --admin-token-file and no WOK_ADMIN_TOKEN "
+            "(/admin/* answers 403)"
+        )
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+        access_log=False,
+    )
+    uv = _DrainingServer(uv_config, app.state.server, config.drain_seconds)
+    uv.run()
+    return 0
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that the first SIGTERM drains instead of closing at once."""
+
+    def __init__(self, config: uvicorn.Config, server: Server, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.app_server = server
+        self.drain_seconds = drain_seconds
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown, and the
+        # process must exit 0 after a clean drain.
+        if sig == signal.SIGTERM and not self.app_server.state.draining and self.started:
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(_drain_then_exit, self, self.app_server, self.drain_seconds)
+        elif self.should_exit:
+            self.force_exit = True
+        else:
+            self.should_exit = True

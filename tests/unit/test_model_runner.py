@@ -1,0 +1,285 @@
+"""The paged ModelRunner computes what Hugging Face's LlamaForCausalLM computes.
+
+The reference is `transformers` itself, loaded from the directory wok writes (fp32, eager
+attention): prefill, chunked prefill and step-by-step paged decode, mixed in one batch, must give
+the same logits (≤ 1e-4) and the same greedy tokens, for an untied model (builtin:tiny) and a
+tied one with SmolLM2's head layout (a smaller copy; the exact 135M shape is one slow test).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
+from wok_runtime.model_config import ModelConfig
+from wok_runtime.model_runner import ModelRunner, StepInput
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Correctness, not speed, is tested here: one thread, because on a shared 2-core machine
+    OpenMP threads that spin-wait for each other make every op several times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+BLOCK = 4  # small blocks, so every sequence spans several of them
+TOL = 1e-4
+
+# SmolLM2's layout (tied embeddings, 3:1 GQA, head_dim 64, rope_theta 1e5), scaled down.
+TIED_SMALL = BuiltinSpec(
+    name="tied-small",
+    seed=7,
+    config=ModelConfig(
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=64,
+        vocab_size=4096,
+        rope_theta=100000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    return ensure_builtin("tiny")
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_generated(TIED_SMALL, tmp_path_factory.mktemp("models"))
+
+
+def hf_model(path: Path):
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        str(path), attn_implementation="eager", dtype=torch.float32
+    )
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    """Logits at every position of one unpadded sequence: (len(ids), vocab)."""
+    return model(torch.tensor([ids])).logits[0].float()
+
+
+def runner_for(path: Path, blocks: int = 256) -> ModelRunner:
+    probe = ModelConfig.from_file(path / "config.json")
+    return ModelRunner.from_source(
+        str(path), kv_cache_bytes=blocks * BLOCK * probe.kv_bytes_per_token(4), block_size=BLOCK
+    )
+
+
+class Pool:
+    """Hands out blocks in a shuffled order, so no sequence gets contiguous blocks."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.free = list(range(n))
+        random.Random(seed).shuffle(self.free)
+
+    def grow(self, table: list[int], length: int) -> list[int]:
+        while len(table) * BLOCK < length:
+            table.append(self.free.pop())
+        return table
+
+
+def prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(n)] for n in lengths]
+
+
+def generate_paged(
+    runner: ModelRunner, prompt_ids: list[list[int]], steps: int, *, chunk: int
+) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+    """Greedy generation through ModelRunner.forward, continuous-batching style: sequence 0
+    prefills in one step; the others prefill in chunks of `chunk` tokens while earlier sequences
+    already decode in the same steps. Returns each sequence's tokens and, per generated token,
+    the logits it was chosen from."""
+    pool = Pool(runner.num_blocks)
+    seqs = [list(p) for p in prompt_ids]
+    tables: list[list[int]] = [[] for _ in seqs]
+    done = [0] * len(seqs)  # tokens whose K/V are in the cache
+    logits: list[list[torch.Tensor]] = [[] for _ in seqs]
+    admitted = 1
+    while any(len(lg) < steps for lg in logits):
+        batch, owners = [], []
+        for i in range(admitted):
+            if len(logits[i]) >= steps:
+                continue
+            n = len(seqs[i]) - done[i]
+            if n > 1 and i > 0:
+                n = min(n, chunk)
+            start = done[i]
+            pool.grow(tables[i], start + n)
+            batch.append(StepInput(seqs[i][start : start + n], start, list(tables[i])))
+            owners.append(i)
+        out = runner.forward(batch)
+        assert out.shape == (len(batch), runner.config.vocab_size)
+        assert out.dtype == torch.float32
+        for row, i in enumerate(owners):
+            done[i] += len(batch[row].token_ids)
+            if done[i] == len(seqs[i]):  # the prompt (or last token) is fully in: sample
+                logits[i].append(out[row])
+                seqs[i].append(int(out[row].argmax()))
+        admitted = min(len(seqs), admitted + 1)
+    return seqs, logits
+
+
+def check_against_hf(path: Path, lengths: list[int], steps: int, chunk: int) -> None:
+    runner = runner_for(path)
+    ref = hf_model(path)
+    ids = prompts(runner.config.vocab_size, lengths)
+
+    # 1. All prompts prefilled in one packed step: last-token logits.
+    pool = Pool(runner.num_blocks, seed=3)
+    step = [StepInput(p, 0, pool.grow([], len(p))) for p in ids]
+    out = runner.forward(step)
+    for row, p in enumerate(ids):
+        torch.testing.assert_close(out[row], hf_logits(ref, p)[-1], rtol=0, atol=TOL)
+
+    # 2. Chunked prefill and paged decode, mixed in the same steps.
+    seqs, logits = generate_paged(runner, ids, steps, chunk=chunk)
+    for i, seq in enumerate(seqs):
+        full = hf_logits(ref, seq)  # teacher-forced on our tokens
+        prompt_len = len(ids[i])
+        for t, got in enumerate(logits[i]):
+            want = full[prompt_len - 1 + t]
+            torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+            # HF's greedy choice at every step is our token, so HF's greedy decode is ours.
+            assert int(want.argmax()) == seq[prompt_len + t]
+
+
+def test_untied_tiny_matches_transformers(tiny_dir: Path) -> None:
+    check_against_hf(tiny_dir, lengths=[13, 1, 30, 7], steps=32, chunk=5)
+
+
+def test_tied_small_matches_transformers(tied_dir: Path) -> None:
+    check_against_hf(tied_dir, lengths=[9, 21, 2], steps=32, chunk=4)
+
+
+@pytest.mark.slow
+def test_smollm2_135m_shape_matches_transformers() -> None:
+    check_against_hf(ensure_builtin("smollm2-135m"), lengths=[17, 5], steps=8, chunk=6)
+
+
+def test_reused_blocks_do_not_leak_old_keys(tiny_dir: Path) -> None:
+    """A sequence that gets another one's freed blocks sees none of its K/V (masking of the
+    unwritten tail of a block, and of padded blocks in a decode batch)."""
+    runner = runner_for(tiny_dir, blocks=16)
+    ref = hf_model(tiny_dir)
+    a, b, c = prompts(runner.config.vocab_size, [23, 6, 3], seed=5)
+    runner.forward([StepInput(a, 0, list(range(6)))])  # fills blocks 0..5
+    # b reuses block 4 and 2, c reuses 5; decode both in one padded batch.
+    runner.forward([StepInput(b[:-1], 0, [4, 2]), StepInput(c[:-1], 0, [5])])
+    out = runner.forward([StepInput(b[-1:], 5, [4, 2]), StepInput(c[-1:], 2, [5])])
+    torch.testing.assert_close(out[0], hf_logits(ref, b)[-1], rtol=0, atol=TOL)
+    torch.testing.assert_close(out[1], hf_logits(ref, c)[-1], rtol=0, atol=TOL)
+
+
+def test_kv_pool_is_sized_from_the_budget(tiny_dir: Path) -> None:
+    config = ModelConfig.from_file(tiny_dir / "config.json")
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=10 * 16 * per_token + 123, block_size=16
+    )
+    assert runner.kv_bytes_per_token == per_token
+    assert (runner.num_blocks, runner.block_size) == (10, 16)
+    assert runner.k_blocks.numel() * 4 * 2 == 10 * 16 * per_token
+    assert runner.device == torch.device("cpu")
+    assert runner.dtype == torch.float32
+    assert runner.max_model_len == config.max_position_embeddings
+    assert runner.tokenizer.eos_token_id == config.eos_token_id == 0
+
+
+def test_bad_configuration_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="kv_cache_bytes is required"):
+        ModelRunner.from_source("builtin:tiny", device="cpu")
+    with pytest.raises(ValueError, match="holds no block"):
+        ModelRunner.from_source("builtin:tiny", kv_cache_bytes=100)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        ModelRunner.from_source("builtin:tiny", kv_cache_bytes=1 << 20, dtype="float8")
+    with pytest.raises(ValueError, match="max_model_len"):
+        ModelRunner.from_source("builtin:tiny", kv_cache_bytes=1 << 20, max_model_len=10**6)
+    with pytest.raises(ValueError, match="unknown built-in model"):
+        ModelRunner.from_source("builtin:nope", kv_cache_bytes=1 << 20)
+    with pytest.raises(ValueError, match="neither builtin"):
+        ModelRunner.from_source("/nonexistent/model", kv_cache_bytes=1 << 20)
+
+
+def test_bad_step_inputs_are_rejected(tiny_dir: Path) -> None:
+    runner = runner_for(tiny_dir, blocks=8)
+    with pytest.raises(ValueError, match="does not cover"):
+        runner.forward([StepInput([1, 2, 3, 4, 5], 0, [0])])
+    with pytest.raises(ValueError, match="outside"):
+        runner.forward([StepInput([1], 0, [8])])
+    with pytest.raises(ValueError, match="no tokens"):
+        runner.forward([StepInput([], 0, [0])])
+    assert runner.forward([]).shape == (0, runner.config.vocab_size)
+
+
+def test_bfloat16_runs_close_to_float32(tiny_dir: Path) -> None:
+    """Low precision is for GPUs, but the path must work anywhere: same argmax, close logits."""
+    ids = prompts(8192, [11])[0]
+    outs = []
+    for dtype in ("float32", "bfloat16"):
+        runner = ModelRunner.from_source(
+            "builtin:tiny", kv_cache_bytes=1 << 20, dtype=dtype, block_size=BLOCK
+        )
+        assert runner.kv_bytes_per_token == runner.config.kv_bytes_per_token(
+            2 if dtype == "bfloat16" else 4
+        )
+        outs.append(runner.forward([StepInput(ids, 0, [0, 1, 2])])[0])
+    assert outs[1].dtype == torch.float32
+    assert (outs[0] - outs[1]).abs().max() < 0.1
+
+
+def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Path) -> None:
+    """Short and long sequences decode in separate padded groups; results still match HF."""
+    runner = runner_for(tiny_dir)
+    ref = hf_model(tiny_dir)
+    ids = prompts(runner.config.vocab_size, [2, 150, 3, 161, 1], seed=9)
+    pool = Pool(runner.num_blocks, seed=4)
+    tables = [pool.grow([], len(p)) for p in ids]
+    runner.forward(
+        [StepInput(p[:-1], 0, t) for p, t in zip(ids, tables, strict=True) if len(p) > 1]
+    )
+    step = [StepInput(p[-1:], len(p) - 1, t) for p, t in zip(ids, tables, strict=True)]
+    plan = runner._plan(step)
+    assert len(plan.decodes) >= 2 and not plan.prefills
+    out = runner.forward(step)
+    for row, p in enumerate(ids):
+        torch.testing.assert_close(out[row], hf_logits(ref, p)[-1], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_length_groups_partition_the_rows_and_never_cost_more(seed: int) -> None:
+    from wok_runtime.model_runner import _GROUP_COST_BLOCKS, _length_groups
+
+    rng = random.Random(seed)
+    counts = sorted(rng.randint(1, rng.choice([3, 20, 200])) for _ in range(rng.randint(1, 90)))
+    groups = _length_groups(counts)
+    assert groups[0][0] == 0 and groups[-1][1] == len(counts)
+    assert all(a < b for a, b in groups)
+    assert all(groups[i][1] == groups[i + 1][0] for i in range(len(groups) - 1))
+
+    def cost(gs: list[tuple[int, int]]) -> int:
+        return sum((b - a) * counts[b - 1] + _GROUP_COST_BLOCKS for a, b in gs)
+
+    if len(set(counts)) <= 64:  # the exact regime: no worse than one group
+        assert cost(groups) <= cost([(0, len(counts))])

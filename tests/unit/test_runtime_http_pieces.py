@@ -1,0 +1,343 @@
+"""The server's pure pieces: the metric-name contract and its collector, stop strings over
+incremental detokenization, request validation, and the HTTP benchmark's arithmetic."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from wok_runtime import metrics as m
+from wok_runtime.bench_http import (
+    RequestResult,
+    check_loopback,
+    poisson_specs,
+    summarize,
+    trace_specs,
+)
+from wok_runtime.detokenizer import IncrementalText
+from wok_runtime.engine import EngineStats, StepStats
+from wok_runtime.protocol import BatchingUpdate, ChatCompletionRequest, CompletionRequest
+from wok_runtime.sequence import RequestMetrics
+from wok_runtime.server import ServerConfig, parse_priority_classes
+
+# --- metric names ----------------------------------------------------------------------------
+
+
+def test_metric_names_are_the_contract():
+    assert m.METRIC_NAMES == {
+        "vllm:num_requests_waiting": "gauge",
+        "vllm:num_requests_running": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge",
+        "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:e2e_request_latency_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram",
+        "vllm:request_inference_time_seconds": "histogram",
+        "vllm:num_preemptions": "counter",
+        "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter",
+        "vllm:request_success": "counter",
+        "wok_max_batch_size": "gauge",
+        "wok_batch_size": "histogram",
+        "wok_rejected_requests": "counter",
+        "wok_queue_length": "gauge",
+        "wok_kv_cache_blocks": "gauge",
+    }
+    assert m.series_names(m.METRICS[m.NUM_PREEMPTIONS]) == ("vllm:num_preemptions_total",)
+    assert m.series_names(m.METRICS[m.BATCH_SIZE]) == (
+        "wok_batch_size_bucket",
+        "wok_batch_size_sum",
+        "wok_batch_size_count",
+    )
+    for spec in m.METRICS.values():
+        assert list(spec.buckets) == sorted(spec.buckets)
+
+
+def _stats(**changes) -> EngineStats:
+    base = dict(
+        num_waiting=3,
+        num_running=2,
+        waiting_by_priority={0: 1, 2: 2},
+        kv_blocks_total=10,
+        kv_blocks_used=4,
+        kv_blocks_free=6,
+        kv_usage=0.4,
+        max_batch_size=8,
+        num_preemptions_total=5,
+        completed_total=7,
+        recent_completion_rate=1.5,
+    )
+    return EngineStats(**{**base, **changes})
+
+
+def _samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
+    stats = [_stats()]
+    metrics = m.RuntimeMetrics("tiny", lambda: stats[0], priorities=(0, 1, 2))
+    metrics.observe_step(
+        StepStats(
+            batch_size=3,
+            num_prefill_tokens=0,
+            num_decode_tokens=3,
+            num_preempted=0,
+            step_seconds=0.01,
+            num_sampled=3,
+            num_running=3,
+            num_waiting=0,
+            max_batch_size=8,
+            kv_usage=0.1,
+        )
+    )
+    timing = RequestMetrics(
+        arrival_time=10.0,
+        first_scheduled_time=10.5,
+        first_token_time=11.0,
+        last_token_time=12.0,
+        finished_time=12.0,
+        num_prompt_tokens=4,
+        num_output_tokens=3,
+        num_preemptions=0,
+    )
+    metrics.observe_tokens(1, None)
+    metrics.observe_tokens(2, 0.2)
+    metrics.observe_finished(finish_reason="length", metrics=timing)
+    metrics.reject(m.REJECT_QUEUE_FULL)
+    body, content_type = metrics.render()
+    assert content_type.startswith("text/plain")
+    s = _samples(body.decode())
+    for spec in m.METRICS.values():
+        for name in m.series_names(spec):
+            assert any(key.split("{")[0] == name for key in s), name
+    assert s['vllm:num_requests_waiting{model_name="tiny"}'] == 3
+    assert s['wok_queue_length{model_name="tiny",priority="1"}'] == 0  # configured, empty
+    assert s['wok_queue_length{model_name="tiny",priority="2"}'] == 2
+    assert s['wok_kv_cache_blocks{model_name="tiny",state="used"}'] == 4
+    assert s['vllm:num_preemptions_total{model_name="tiny"}'] == 5
+    assert s['vllm:time_to_first_token_seconds_sum{model_name="tiny"}'] == 1.0
+    assert s['vllm:request_queue_time_seconds_sum{model_name="tiny"}'] == 0.5
+    assert s['vllm:e2e_request_latency_seconds_sum{model_name="tiny"}'] == 2.0
+    assert s['vllm:inter_token_latency_seconds_count{model_name="tiny"}'] == 2
+    assert s['vllm:generation_tokens_total{model_name="tiny"}'] == 3
+    assert s['vllm:request_success_total{finished_reason="length",model_name="tiny"}'] == 1
+    assert s['wok_rejected_requests_total{model_name="tiny",reason="queue_full"}'] == 1
+    assert s['wok_batch_size_bucket{le="4.0",model_name="tiny"}'] == 1
+    assert s['wok_batch_size_bucket{le="2.0",model_name="tiny"}'] == 0
+    stats[0] = _stats(max_batch_size=2)
+    assert _samples(metrics.render()[0].decode())['wok_max_batch_size{model_name="tiny"}'] == 2
+
+
+# --- stop strings ----------------------------------------------------------------------------
+
+VOCAB = ["he", "llo", " wo", "rld", "!", " st", "op", "\ufffd"]
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(VOCAB[i] for i in ids)
+
+
+def test_text_without_stops_is_released_as_it_comes():
+    text = IncrementalText(decode, [])
+    assert text.add([0]) == "he"
+    assert text.add([1, 2]) == "llo wo"
+    assert text.add([3], final=True) == "rld"
+    assert text.text == "hello world" and not text.stopped
+
+
+def test_a_stop_string_across_tokens_is_never_shown():
+    text = IncrementalText(decode, ["o wor", "zzz"])
+    shown = text.add([0]) + text.add([1]) + text.add([2])
+    assert "o w" not in shown  # held back: it may be the start of the stop string
+    shown += text.add([3])
+    assert text.stopped
+    assert shown == "hell" == text.text
+    assert text.add([4]) == ""
+
+
+def test_the_earliest_stop_wins_and_the_tail_is_flushed_at_the_end():
+    text = IncrementalText(decode, ["!", "llo"])
+    assert text.add([0, 1, 2, 3, 4]) == "he"
+    assert text.stopped
+    text = IncrementalText(decode, ["xyz"])
+    assert text.add([0, 1]) == "hel"
+    assert text.add([], final=True) == "lo"
+
+
+def test_an_incomplete_character_is_held_back():
+    text = IncrementalText(decode, [])
+    assert text.add([0, 7]) == "he"
+    assert text.add([1], final=True) == "\ufffdllo"
+
+
+# --- request validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "x", "max_tokens": 0},
+        {"prompt": "x", "temperature": 2.5},
+        {"prompt": "x", "top_p": 0},
+        {"prompt": "x", "n": 3},
+        {"prompt": [-1]},
+        {"prompt": []},
+        {"prompt": ["a", "b"]},
+        {"prompt": "x", "stop": ["a"] * 5},
+        {"prompt": "x", "temperature": math.nan},
+    ],
+)
+def test_invalid_completion_requests_are_refused(body):
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate(body)
+
+
+def test_requests_accept_openai_shapes():
+    assert CompletionRequest.model_validate({"prompt": [[1, 2]], "stop": "x"}).stop_strings() == [
+        "x"
+    ]
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            "max_completion_tokens": 3,
+            "unknown_field": 1,
+        }
+    )
+    assert chat.messages[0].text() == "ab"
+    with pytest.raises(ValidationError):
+        BatchingUpdate.model_validate({"max_batch_size": 2, "typo": 1})
+
+
+def test_priority_classes_and_server_config():
+    assert parse_priority_classes("interactive=0, standard=1,batch=2") == {
+        "interactive": 0,
+        "standard": 1,
+        "batch": 2,
+    }
+    for bad in ("a", "a=x", "=1", "a=-1"):
+        with pytest.raises(ValueError):
+            parse_priority_classes(bad)
+    with pytest.raises(ValueError):
+        ServerConfig(served_model_name="m", admin_token="short")
+    with pytest.raises(ValueError):
+        ServerConfig(served_model_name="m", drain_seconds=-1)
+    assert ServerConfig(served_model_name="m").max_priority == 2
+
+
+# --- the HTTP benchmark's arithmetic ---------------------------------------------------------
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    specs = poisson_specs(4000, rate=10.0, prompt_len=3, output_len=4, seed=1)
+    assert specs[0].send_at == 0.0
+    assert 9.0 < len(specs) / specs[-1].send_at < 11.0
+    assert all(s.prompt_len == 3 and s.output_len == 4 for s in specs)
+    assert {s.send_at for s in poisson_specs(5, rate=None, prompt_len=1, output_len=1, seed=0)} == {
+        0.0
+    }
+
+
+def test_trace_replay_is_relative_sped_up_and_clipped(tmp_path: Path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,4808,10\n"
+        "2023-11-16 18:17:05.9799600,100,700\n"
+    )
+    specs = trace_specs(str(trace), n=10, speedup=2.0, max_input_len=256, max_output_len=64)
+    assert [(s.send_at, s.prompt_len, s.output_len) for s in specs] == [
+        (0.0, 256, 10),
+        (1.0, 100, 64),
+    ]
+
+
+def test_only_loopback_targets():
+    assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert check_loopback("http://localhost:1")
+    with pytest.raises(ValueError):
+        check_loopback("http://10.1.2.3:8000")
+    with pytest.raises(ValueError):
+        check_loopback("ftp://127.0.0.1")
+
+
+def test_summary_keys_and_goodput():
+    ok = RequestResult(
+        status=200,
+        ttft_s=0.1,
+        e2e_s=1.0,
+        output_tokens=10,
+        expected_tokens=10,
+        token_times=[0.1 * i for i in range(1, 11)],
+    )
+    slow = RequestResult(status=200, ttft_s=0.1, e2e_s=9.0, output_tokens=10, expected_tokens=10)
+    report = summarize(
+        [ok, slow, RequestResult(status=429), RequestResult(status=503)],
+        2.0,
+        mean_batch_size=3.0,
+        slo_e2e_s=5.0,
+    )
+    for key in (
+        "output_tokens_per_s",
+        "requests_per_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+        "mean_batch_size",
+        "useful_slot_fraction",
+        "rejected",
+        "goodput_per_s",
+    ):
+        assert key in report
+    assert report["requests_per_s"] == 1.0
+    assert report["goodput_per_s"] == 0.5
+    assert report["rejected"] == 1 and report["unavailable"] == 1
+    assert report["e2e_p99_s"] == 9.0 and report["e2e_p50_s"] == 1.0
+    assert report["tpot_p50_s"] == pytest.approx(0.1)
+
+
+# --- chat prompts ----------------------------------------------------------------------------
+
+
+def _tokenizer(template: str | None):
+    import tokenizers
+
+    from wok_runtime.tokenizer import Tokenizer
+
+    return Tokenizer(
+        tokenizers.Tokenizer(tokenizers.models.BPE()), eos_token_id=None, chat_template=template
+    )
+
+
+def test_chat_prompt_uses_the_template_or_the_documented_fallback():
+    from wok_runtime.protocol import ChatMessage
+    from wok_runtime.server import APIError, _format_chat_prompt
+
+    messages = [
+        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="user", content="hi"),
+    ]
+    assert _format_chat_prompt(_tokenizer(None), messages, True) == (
+        "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+    )
+    own = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    assert _format_chat_prompt(_tokenizer(own), messages, True) == "[system]be brief[user]hi"
+    broken = "{{ raise_exception('no system role') }}"
+    with pytest.raises(APIError) as caught:
+        _format_chat_prompt(_tokenizer(broken), messages, True)
+    assert caught.value.status == 400

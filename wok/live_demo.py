@@ -1,0 +1,197 @@
+"""The live part of `wok demo`: a real runtime process, a real burst of requests, and the control
+law moving the live batch size through the admin API, one tick a second.
+
+No cluster: one replica, so only the batch knob moves. The law is the operator's own `decide`;
+the signals are read from the runtime's /metrics exactly as Prometheus would scrape them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from wok_operator.control import LawParams, LoopState, Observation, decide
+
+PARAMS = LawParams(
+    batch_min=1,
+    batch_max=24,
+    batch_mem=24,
+    batch_step=4,
+    replicas_min=1,
+    replicas_max=1,
+    replicas_step=1,
+    target_queue=2.0,
+    deadband=1.0,
+    slo_p99_seconds=60.0,
+    kv_usage_ceiling=0.95,
+    scale_up_window_s=2.0,
+    scale_down_window_s=6.0,
+)
+
+
+@dataclass(frozen=True)
+class Tick:
+    t: float
+    waiting: float
+    running: float
+    batch: int
+    reason: str
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (
+                "vllm:num_requests_waiting",
+                "vllm:num_requests_running",
+                "vllm:kv_cache_usage_perc",
+                "wok_max_batch_size",
+            ):
+                values[sample.name] = sample.value
+    return values
+
+
+def burst(url: str, stop: threading.Event, clients: int) -> None:
+    def client() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                http.post(
+                    f"{url}/v1/completions",
+                    json={
+                        "model": "tiny",
+                        "prompt": "the wok",
+                        "max_tokens": 96,
+                        "ignore_eos": True,
+                    },
+                )
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    stop.wait()
+    for thread in threads:
+        thread.join(timeout=60)
+
+
+def run_live(out: Path, *, busy_s: float = 20.0, quiet_s: float = 16.0) -> list[Tick]:
+    port = 18000 + secrets.randbelow(2000)
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        token = secrets.token_urlsafe(16)
+        (Path(tmp) / "token").write_text(token)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "wok.cli",
+                "runtime",
+                "serve",
+                "--model=builtin:tiny",
+                "--served-model-name=tiny",
+                f"--port={port}",
+                "--max-batch-size=2",
+                "--kv-cache-bytes=32000000",
+                "--max-model-len=512",
+                "--max-queue=256",
+                f"--admin-token-file={tmp}/token",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None:
+                    raise RuntimeError("the runtime exited before it was ready")
+                time.sleep(0.5)
+            return _loop(url, token, busy_s, quiet_s)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def _loop(url: str, token: str, busy_s: float, quiet_s: float) -> list[Tick]:
+    stop = threading.Event()
+    load = threading.Thread(target=burst, args=(url, stop, 32), daemon=True)
+    load.start()
+    state = LoopState(batch=2, replicas=1)
+    ticks: list[Tick] = []
+    start = time.monotonic()
+    while (now := time.monotonic() - start) < busy_s + quiet_s:
+        if now >= busy_s and not stop.is_set():
+            stop.set()
+            print(f"{now:5.1f}s  the burst ends")
+        m = scrape(url)
+        obs = Observation(
+            queue_per_replica=m.get("vllm:num_requests_waiting"),
+            p99_seconds=None,
+            kv_usage=m.get("vllm:kv_cache_usage_perc"),
+            ready_replicas=1,
+            pending_replicas=0,
+            running_per_replica=m.get("vllm:num_requests_running"),
+        )
+        decision = decide(state, obs, PARAMS, now=now)
+        if decision.batch != state.batch:
+            httpx.put(
+                f"{url}/admin/v1/batching",
+                json={"max_batch_size": decision.batch},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=5,
+            ).raise_for_status()
+            print(f"{now:5.1f}s  {decision.reason}")
+        ticks.append(
+            Tick(
+                now,
+                obs.queue_per_replica or 0.0,
+                m.get("vllm:num_requests_running", 0),
+                decision.batch,
+                decision.reason,
+            )
+        )
+        state = decision.state
+        time.sleep(1.0)
+    stop.set()
+    load.join(timeout=90)
+    return ticks
+
+
+def plot_live(ticks: list[Tick], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [tick.t for tick in ticks]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(t, [tick.waiting for tick in ticks], label="waiting requests (queue)")
+    ax.plot(t, [tick.running for tick in ticks], label="running requests")
+    ax.step(t, [tick.batch for tick in ticks], where="post", label="max batch size (live cap)")
+    ax.axhspan(
+        PARAMS.target_queue - PARAMS.deadband,
+        PARAMS.target_queue + PARAMS.deadband,
+        color="tab:blue",
+        alpha=0.1,
+        label="queue target ± deadband",
+    )
+    ax.set_xlabel("time (s)")
+    ax.set_title("wok, live: a real runtime under a burst, its batch moved by the control law")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
