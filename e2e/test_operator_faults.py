@@ -7,7 +7,7 @@ import time
 
 import pytest
 import yaml
-from operator_harness import OperatorProcess, get_json, install_crds, kubectl, wait_for
+from operator_harness import OperatorProcess, condition, get_json, install_crds, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +126,7 @@ def test_two_replicas_only_one_acts(wok_cluster, wok_namespace, tmp_path):
     try:
         low.wait_live()
         high.wait_live()
-        wait_for(lambda: "Pausing operations in favour of" in low.log.read_text(), "low pauses", 30)
+        wait_for(lambda: "Pausing operations in favour of" in low.log.read_text(), "low pauses", 90)
         kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=service("ha"))
         wait_for(lambda: reconciled(kc, ns, "ha"), "ha reconciled", 60)
         assert "reconciled: batch" in high.log.read_text()
@@ -148,4 +148,43 @@ def test_two_replicas_only_one_acts(wok_cluster, wok_namespace, tmp_path):
         wait_for(lambda: "reconciled: batch" in low.log.read_text(), "standby takes over", 120)
     finally:
         kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true")
+        if high.alive():
+            high.stop()
         assert low.stop() == 0, low.log_tail()
+
+
+def test_prometheus_outage_holds_then_resumes(wok_cluster, wok_namespace, tmp_path):
+    from wok_cluster.prometheus import Prometheus
+
+    kc, ns = wok_cluster.kubeconfig, wok_namespace
+    install_crds(kc)
+    # A Prometheus of this test's own, so stopping it disturbs no other test.
+    prometheus = Prometheus(wok_cluster.control_plane, tmp_path / "prometheus").start()
+    operator = OperatorProcess(
+        kc, ns, prometheus.url, tmp_path / "operator.log", run_marker=str(wok_cluster.run_dir)
+    )
+    try:
+        operator.wait_live()
+        kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=service("watched"))
+
+        def metrics_unavailable() -> str | None:
+            wis = get_json(kc, "wis", "watched", "-n", ns)
+            return (condition(wis, "MetricsUnavailable") or {}).get("status")
+
+        wait_for(lambda: metrics_unavailable() == "False", "metrics flowing", 120)
+        before = get_json(kc, "wis", "watched", "-n", ns)["status"]
+
+        prometheus.stop()
+        wait_for(lambda: metrics_unavailable() == "True", "MetricsUnavailable=True", 30)
+        held = get_json(kc, "wis", "watched", "-n", ns)["status"]
+        assert held["lastDecision"]["reason"].startswith("holding")
+        assert (held["batchSize"], held["replicas"]) == (before["batchSize"], before["replicas"])
+        message = condition(get_json(kc, "wis", "watched", "-n", ns), "MetricsUnavailable")
+        assert "Connection" in message["message"] or "refused" in message["message"]
+
+        prometheus.start()
+        wait_for(lambda: metrics_unavailable() == "False", "metrics flowing again", 60)
+    finally:
+        kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true")
+        assert operator.stop() == 0, operator.log_tail()
+        prometheus.stop()
