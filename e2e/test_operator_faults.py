@@ -105,15 +105,7 @@ def test_two_replicas_only_one_acts(wok_cluster, wok_namespace, tmp_path):
             }
         ),
     )
-    low = OperatorProcess(
-        kc,
-        ns,
-        NO_PROMETHEUS,
-        tmp_path / "low.log",
-        standalone=False,
-        priority=10,
-        run_marker=str(wok_cluster.run_dir),
-    )
+    # The active replica first, then the standby: the standby starts paused and stays so.
     high = OperatorProcess(
         kc,
         ns,
@@ -123,9 +115,18 @@ def test_two_replicas_only_one_acts(wok_cluster, wok_namespace, tmp_path):
         priority=20,
         run_marker=str(wok_cluster.run_dir),
     )
+    low = OperatorProcess(
+        kc,
+        ns,
+        NO_PROMETHEUS,
+        tmp_path / "low.log",
+        standalone=False,
+        priority=10,
+        run_marker=str(wok_cluster.run_dir),
+    )
     try:
-        low.wait_live()
         high.wait_live()
+        low.wait_live()
         wait_for(lambda: "Pausing operations in favour of" in low.log.read_text(), "low pauses", 90)
         kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=service("ha"))
         wait_for(lambda: reconciled(kc, ns, "ha"), "ha reconciled", 60)
