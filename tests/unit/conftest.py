@@ -9,6 +9,18 @@ import pytest
 from wok_runtime.block_manager import BlockManager
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """For correctness tests of torch code: one thread, because on a shared 2-core machine
+    OpenMP threads that spin-wait for each other make every op several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def kv_blocks_never_leak(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BlockManager]]:
     """Every BlockManager made during a test must end it with all blocks free and consistent.

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from wok.cli import main as wok_main
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated, write_model_dir
@@ -24,17 +24,7 @@ from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.tokenizer import Tokenizer
 from wok_runtime.weights import INDEX_FILE, load_safetensors, save_safetensors
 
-transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Correctness, not speed, is tested here: one thread, because on a shared 2-core machine
-    OpenMP threads that spin-wait for each other make every op several times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SMALL = BuiltinSpec(

@@ -9,27 +9,17 @@ tied one with SmolLM2's head layout (a smaller copy; the exact 135M shape is one
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 
-transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Correctness, not speed, is tested here: one thread, because on a shared 2-core machine
-    OpenMP threads that spin-wait for each other make every op several times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 BLOCK = 4  # small blocks, so every sequence spans several of them
