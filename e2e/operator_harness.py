@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,7 +140,3 @@ def install_crds(kubeconfig: Path) -> None:
         "crd/inferenceservices.wok.dev",
         "crd/kopfpeerings.kopf.dev",
     )
-
-
-def since(start: float) -> float:
-    return time.monotonic() - start

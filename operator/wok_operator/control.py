@@ -84,6 +84,12 @@ class LawParams:
     def batch_floor(self) -> int:
         return min(self.batch_min, self.batch_cap)
 
+    def clip_batch(self, batch: int) -> int:
+        return max(self.batch_floor, min(self.batch_cap, batch))
+
+    def clip_replicas(self, replicas: int) -> int:
+        return max(self.replicas_floor, min(self.replicas_max, replicas))
+
     @property
     def replicas_floor(self) -> int:
         # wok does not scale to zero (nothing would buffer the first request); maxReplicas 0 pauses.
@@ -137,10 +143,6 @@ def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
-def _clip(value: int, low: int, high: int) -> int:
-    return max(low, min(high, value))
-
-
 def _known(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
@@ -172,8 +174,8 @@ def _held_for(start: float | None, now: float, window: float) -> bool:
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
     """One tick of the law: the next batch size and replica count, and why."""
     cap, floor = params.batch_cap, params.batch_floor
-    batch = _clip(state.batch, floor, cap)
-    replicas = _clip(state.replicas, params.replicas_floor, params.replicas_max)
+    batch = params.clip_batch(state.batch)
+    replicas = params.clip_replicas(state.replicas)
     notes: list[str] = []
     if batch != state.batch:
         notes.append(f"batch clipped to [{floor}, {cap}]")
@@ -237,7 +239,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     ):
         batch_dir = -1
         batch_why = f"{queue_text} for {params.scale_down_window_s:g}s"
-    new_batch = _clip(batch + params.batch_step * batch_dir, floor, cap)
+    new_batch = params.clip_batch(batch + params.batch_step * batch_dir)
     if batch_dir > 0 and new_batch == batch:
         batch_why = f"{queue_text}, batch at its cap {cap}" + (" (memory)" if memory_bound else "")
 
@@ -266,9 +268,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
             replicas_why = f"queue short for {params.scale_down_window_s:g}s"
         else:
             notes.append(f"{fewer} replica(s) could not hold the load at batch {cap}")
-    new_replicas = _clip(
-        replicas + params.replicas_step * replicas_dir, params.replicas_floor, params.replicas_max
-    )
+    new_replicas = params.clip_replicas(replicas + params.replicas_step * replicas_dir)
     if new_replicas < replicas and new_batch < batch:
         # One knob down at a time: each step's effect must be seen before the next.
         new_batch = batch

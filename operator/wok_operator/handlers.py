@@ -123,8 +123,7 @@ def reconcile(
         return
     params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
     state = state_from_status(dict(status), parsed, params)
-    batch = min(max(state.batch, params.batch_floor), params.batch_cap)
-    replicas = min(max(state.replicas, params.replicas_floor), params.replicas_max)
+    batch, replicas = params.clip_batch(state.batch), params.clip_replicas(state.replicas)
 
     secret = admin_secret(name, namespace, secrets.token_urlsafe(32))
     kopf.adopt(secret, owner=body)

@@ -65,8 +65,9 @@ def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
 
 
 def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:
-    batch = min(max(spec.batching.initial_batch_size, params.batch_floor), params.batch_cap)
-    return LoopState(batch=batch, replicas=params.replicas_floor)
+    return LoopState(
+        batch=params.clip_batch(spec.batching.initial_batch_size), replicas=params.replicas_floor
+    )
 
 
 def state_from_status(

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from wok_operator.api import InferenceServiceSpec, quantity_bytes
+from kubernetes.utils.quantity import parse_quantity
+
+from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import MemoryBudget
 
 RUNTIME_PORT = 8000
@@ -52,7 +54,7 @@ def served_model_name(spec: InferenceServiceSpec) -> str:
 
 def cpu_threads(cpu: str) -> int:
     """Threads for a CPU request such as `2` or `1500m`: at least one."""
-    return max(1, int(quantity_bytes(cpu)))
+    return max(1, int(parse_quantity(cpu)))
 
 
 def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:

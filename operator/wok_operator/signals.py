@@ -98,15 +98,15 @@ class Round:
         )
 
 
-def fetch_round(url: str, windows: Iterable[int], timeout_s: float = 5.0) -> Round:
-    """One round of queries against `url` (blocking: run it in a thread)."""
+def fetch_round(url: str, queries: dict[str, str], timeout_s: float = 5.0) -> Round:
+    """One round of `round_queries` against `url` (blocking: run it in a thread)."""
     from prometheus_api_client import PrometheusConnect
 
     client = PrometheusConnect(url=url, disable_ssl=True)
     vectors: dict[str, dict[ServiceKey, float]] = {}
     started = time.monotonic()
     try:
-        for name, query in round_queries(windows).items():
+        for name, query in queries.items():
             result = client.custom_query(query, params={"timeout": f"{timeout_s:g}s"})
             vectors[name] = parse_vector(result)
     except Exception as error:  # any failure means "no data": the law then holds
@@ -120,7 +120,6 @@ class SignalsHub:
 
     windows: set[int] = field(default_factory=lambda: {60})
     rounds: dict[str, Round] = field(default_factory=dict)
-    requests_total: int = 0
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     async def get(self, url: str, key: ServiceKey, *, window: int, max_age_s: float) -> Round:
@@ -130,10 +129,9 @@ class SignalsHub:
             fresh = current is not None and time.monotonic() - current.fetched_at < max_age_s
             if not fresh or window not in self.windows:
                 self.windows.add(window)
-                windows = sorted(self.windows)
-                current = await asyncio.to_thread(fetch_round, url, windows)
-                self.requests_total += len(round_queries(windows))
-                PROMQL_REQUESTS.inc(len(round_queries(windows)))
+                queries = round_queries(self.windows)
+                current = await asyncio.to_thread(fetch_round, url, queries)
+                PROMQL_REQUESTS.inc(len(queries))
                 self.rounds[url] = current
             assert current is not None
             return current
