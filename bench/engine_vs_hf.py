@@ -52,7 +52,8 @@ from wok_runtime.bench_engine import (
 from wok_runtime.engine import EngineConfig
 from wok_runtime.model_runner import ModelRunner
 
-TRACE = Path("/work/shared/traces/azure_llm_2023_code.csv")
+# The full trace lives in the shared folder beside the checkout (see ../shared/traces/README.md).
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"
 MAX_MODEL_LEN = 256
 
 

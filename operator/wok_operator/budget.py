@@ -28,7 +28,7 @@ PRESETS: dict[str, Architecture] = {
     "tiny": Architecture(
         num_hidden_layers=4,
         hidden_size=256,
-        intermediate_size=704,
+        intermediate_size=688,
         num_attention_heads=8,
         num_key_value_heads=4,
         vocab_size=8192,

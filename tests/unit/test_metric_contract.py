@@ -1,4 +1,5 @@
-"""The metric contract: every series the operator queries is one the runtime really exports."""
+"""Contracts between the operator and the runtime, which cannot import each other: the metric
+names it queries and the shapes of the built-in models it sizes."""
 
 import re
 
@@ -21,3 +22,21 @@ def test_the_operator_and_runtime_spell_the_names_alike():
         assert constant in METRICS
     for histogram in (signals.E2E_LATENCY, signals.INFERENCE_TIME):
         assert METRICS[histogram].kind == "histogram"
+
+
+def test_budget_presets_of_builtin_models_match_the_runtime(tmp_path):
+    # The operator cannot import the runtime, so the shapes live twice: this keeps them one.
+    import json
+
+    from wok_operator.budget import architecture_from_hf_config, preset
+    from wok_runtime.builtin import BUILTINS
+
+    for name, spec in BUILTINS.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(spec.config.to_hf_dict()))
+        runtime, budget = architecture_from_hf_config(path), preset(name)
+
+        def resolved(arch):
+            return arch.model_copy(update={"head_dim": arch.resolved_head_dim})
+
+        assert resolved(runtime) == resolved(budget), name
