@@ -11,11 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from wok_cluster.netutil import free_port
 from wok_cluster.process import RUN_MARKER
@@ -23,7 +24,6 @@ from wok_cluster.waiting import GiveUp, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "wok.dev_inferenceservices.yaml"
-PEERING_CRDS = ROOT / "crds" / "kopf-peering.yaml"
 WOK = str(Path(sys.executable).parent / "wok")
 
 
@@ -50,6 +50,35 @@ def wait_for(probe: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
     return wait_until(probe, timeout=timeout, what=what, interval=0.5)
 
 
+NO_PROMETHEUS = "http://127.0.0.1:9"
+
+
+def service(name: str, initial_batch: int = 4) -> str:
+    """A small builtin:tiny InferenceService that ticks every second."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "wok.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": {
+                "model": {"source": "builtin:tiny", "dtype": "float32"},
+                "runtime": {"gpuMemory": "256Mi", "cpu": "1", "memory": "1Gi"},
+                "memory": {"maxModelLen": 512, "reserve": "16Mi"},
+                "batching": {"initialBatchSize": initial_batch, "maxBatchSize": 32},
+                "scaling": {"minReplicas": 1, "maxReplicas": 2, "intervalSeconds": 1},
+            },
+        }
+    )
+
+
+def reconciled(kc: Path, ns: str, name: str) -> bool:
+    wis = get_json(kc, "wis", name, "-n", ns) or {}
+    return (
+        wis.get("status", {}).get("observedGeneration") == wis.get("metadata", {}).get("generation")
+        and get_json(kc, "deployment", f"{name}-runtime", "-n", ns) is not None
+    )
+
+
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
     for c in (obj or {}).get("status", {}).get("conditions", []):
         if c["type"] == type_:
@@ -69,7 +98,7 @@ class OperatorProcess:
         *,
         run_marker: str,
         standalone: bool = True,
-        priority: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -86,7 +115,7 @@ class OperatorProcess:
             f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
             "--log-format=plain",
         ]
-        args += ["--standalone"] if standalone else [f"--priority={priority or 1}"]
+        args += ["--standalone", *extra_args] if standalone else list(extra_args)
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), RUN_MARKER: run_marker}
         with log.open("ab") as out:  # the child keeps its own descriptor
             self.popen = subprocess.Popen(
@@ -131,12 +160,11 @@ class OperatorProcess:
 
 
 def install_crds(kubeconfig: Path) -> None:
-    kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD), "-f", str(PEERING_CRDS))
+    kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD))
     kubectl(
         kubeconfig,
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
         "crd/inferenceservices.wok.dev",
-        "crd/kopfpeerings.kopf.dev",
     )

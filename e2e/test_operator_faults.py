@@ -1,45 +1,25 @@
 """Restarts and faults: a kill -9 mid-reconcile loses nothing and duplicates nothing, a restarted
 operator continues from status, and a Prometheus outage holds the loop until metrics return.
-
-Two replicas with Kopf peering are not tested here yet: the test was flaky (see docs/operator.md).
-"""
+(Two replicas: test_operator_ha.py.)"""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-import yaml
-from operator_harness import OperatorProcess, condition, get_json, install_crds, kubectl, wait_for
+from operator_harness import (
+    NO_PROMETHEUS,
+    OperatorProcess,
+    condition,
+    get_json,
+    install_crds,
+    kubectl,
+    reconciled,
+    service,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
-
-NO_PROMETHEUS = "http://127.0.0.1:9"
-
-
-def service(name: str, initial_batch: int = 4) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "wok.dev/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": name},
-            "spec": {
-                "model": {"source": "builtin:tiny", "dtype": "float32"},
-                "runtime": {"gpuMemory": "256Mi", "cpu": "1", "memory": "1Gi"},
-                "memory": {"maxModelLen": 512, "reserve": "16Mi"},
-                "batching": {"initialBatchSize": initial_batch, "maxBatchSize": 32},
-                "scaling": {"minReplicas": 1, "maxReplicas": 2, "intervalSeconds": 1},
-            },
-        }
-    )
-
-
-def reconciled(kc, ns: str, name: str) -> bool:
-    wis = get_json(kc, "wis", name, "-n", ns) or {}
-    return (
-        wis.get("status", {}).get("observedGeneration") == wis.get("metadata", {}).get("generation")
-        and get_json(kc, "deployment", f"{name}-runtime", "-n", ns) is not None
-    )
 
 
 def test_kill_9_mid_reconcile_then_a_new_operator_converges(wok_cluster, wok_namespace, tmp_path):

@@ -50,9 +50,14 @@ def register_operator(commands: Any) -> None:
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
     scope.add_argument("--namespace", "-n", action="append", default=[], help="watch (repeatable)")
     run.add_argument("--prometheus-url", help="default Prometheus for services that name none")
-    run.add_argument("--peering", default="wok-operator", help="peering name (HA: one acts)")
-    run.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
-    run.add_argument("--priority", type=int, help="peering priority (default: random)")
+    run.add_argument(
+        "--standalone", action="store_true", help="no leader election (only one replica runs)"
+    )
+    run.add_argument("--lease-name", default="wok-operator", help="the Lease replicas elect on")
+    run.add_argument("--lease-namespace", help="default: $POD_NAMESPACE, else the first -n")
+    run.add_argument("--lease-duration", type=int, default=15, metavar="S")
+    run.add_argument("--renew-deadline", type=int, default=10, metavar="S")
+    run.add_argument("--retry-period", type=int, default=2, metavar="S")
     run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness URL")
     run.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
     run.add_argument("--metrics-host", default="0.0.0.0")
@@ -69,12 +74,10 @@ def register_operator(commands: Any) -> None:
 
 
 def run_operator(args: argparse.Namespace) -> int:
-    import random
-
     import kopf
     from prometheus_client import start_http_server
 
-    from wok_operator import handlers, startup  # noqa: F401 - registers the Kopf handlers
+    from wok_operator import handlers, metrics, startup  # noqa: F401 - registers the Kopf handlers
     from wok_operator.handlers import OperatorConfig
 
     labels = {}
@@ -88,18 +91,47 @@ def run_operator(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
+    leadership = None if args.standalone else win_the_lease(args)
+    metrics.LEADER.set(1)
     config = OperatorConfig(prometheus_url=args.prometheus_url, extra_pod_labels=labels)
     kopf.run(
         clusterwide=args.all_namespaces,
         namespaces=args.namespace,
-        standalone=args.standalone,
-        peering_name=None if args.standalone else args.peering,
-        # Equal priorities would pause every replica; the highest acts, the others stand by.
-        priority=args.priority if args.priority is not None else random.randint(1, 10_000),
+        # The Lease, not Kopf's peering, decides who acts (see wok_operator.leader).
+        standalone=True,
         liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(config=config),
+        memo=kopf.Memo(config=config, leadership=leadership),
     )
     return 0
+
+
+def win_the_lease(args: argparse.Namespace) -> Any:
+    """Block until this replica holds the Lease; a standby answers liveness meanwhile."""
+    import os
+    import signal
+
+    from wok_operator.leader import Candidate, LeaseTimes, StandbyProbe
+    from wok_operator.startup import load_kube_config
+
+    namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE")
+    namespace = namespace or (args.namespace[0] if args.namespace else "default")
+    times = LeaseTimes(args.lease_duration, args.renew_deadline, args.retry_period)
+    api = load_kube_config()
+    candidate = Candidate(api, name=args.lease_name, namespace=namespace, times=times)
+    probe = StandbyProbe(args.liveness, candidate) if args.liveness else None
+
+    def stand_down(*_: Any) -> None:
+        raise SystemExit(0)  # a standby has nothing to drain
+
+    signal.signal(signal.SIGTERM, stand_down)
+    try:
+        candidate.start()
+        candidate.wait_until_leading()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if probe is not None:
+            probe.close()
+    return candidate
 
 
 def run_crds(args: argparse.Namespace) -> int:

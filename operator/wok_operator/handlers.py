@@ -24,6 +24,7 @@ from wok_operator.actuate import Kube, push_batch_size
 from wok_operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from wok_operator.budget import MemoryBudget, plan_for_spec
 from wok_operator.control import LawParams, decide
+from wok_operator.leader import Candidate
 from wok_operator.loop import (
     PodView,
     decision_status,
@@ -62,10 +63,17 @@ class Shared:
     config: OperatorConfig
     hub: SignalsHub = field(default_factory=SignalsHub)
     http: httpx.AsyncClient | None = None
+    leadership: Candidate | None = None  # None: a single replica (--standalone)
 
 
 def shared(memo: Any) -> Shared:
     return memo.wok
+
+
+def ensure_leading(wok: Shared) -> None:
+    """Before any write: a replica that lost the lease exits here instead of acting."""
+    if wok.leadership is not None:
+        wok.leadership.ensure_holds()
 
 
 def validated(spec: Any) -> tuple[InferenceServiceSpec, MemoryBudget]:
@@ -108,6 +116,7 @@ def reconcile(
     **_: Any,
 ) -> None:
     wok = shared(memo)
+    ensure_leading(wok)
     generation = meta.get("generation")
     conditions = list(status.get("conditions") or [])
     try:
@@ -248,6 +257,7 @@ async def tick(
     decision = decide(state_from_status(status, parsed, params), obs, params, now=time.time())
 
     # The status first (so a reconcile in between renders the new numbers), then the world.
+    ensure_leading(wok)
     patch = decision_status(
         decision,
         obs,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 DECISIONS = Counter(
     "wok_operator_decisions",
@@ -20,3 +20,4 @@ CONTROL_LOOP_SECONDS = Histogram(
 PROMQL_REQUESTS = Counter(
     "wok_operator_promql_requests", "PromQL queries sent (one round serves every service)"
 )
+LEADER = Gauge("wok_operator_leader", "1 on the replica that acts (holds the Lease); 0 on standbys")

@@ -41,6 +41,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         kube=Kube.from_api_client(load_kube_config()),
         config=operator_config,
         http=httpx.AsyncClient(timeout=httpx.Timeout(3.0)),
+        leadership=memo.get("leadership"),
     )
 
 

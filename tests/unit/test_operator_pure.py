@@ -8,6 +8,7 @@ from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_operator.control import LawParams, LoopState, Observation, decide
+from wok_operator.leader import LeaseTimes
 from wok_operator.loop import PodView, decision_status, observe, pod_view, state_from_status
 from wok_operator.resources import (
     BATCH_SIZE_KEY,
@@ -165,3 +166,10 @@ def test_parse_vector_keys_by_service_and_drops_nan():
     rnd = Round(fetched_at=0, vectors={"waiting": {("a", "x"): 3.0}, "p99:60": {}})
     assert rnd.signals(("a", "x"), 60) == ServiceSignals(waiting=3.0)
     assert math.isnan(float("nan"))
+
+
+def test_lease_times_keep_a_margin_between_deadline_and_duration():
+    with pytest.raises(ValueError, match="lease duration must exceed"):
+        LeaseTimes(lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
+    with pytest.raises(ValueError, match="renew deadline must exceed"):
+        LeaseTimes(lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
