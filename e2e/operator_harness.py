@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,7 @@ class OperatorProcess:
         run_marker: str,
         standalone: bool = True,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -116,10 +117,11 @@ class OperatorProcess:
             "--log-format=plain",
         ]
         args += ["--standalone", *extra_args] if standalone else list(extra_args)
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), RUN_MARKER: run_marker}
+        environ = {**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)}
+        environ[RUN_MARKER] = run_marker
         with log.open("ab") as out:  # the child keeps its own descriptor
             self.popen = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                args, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True
             )
 
     def alive(self) -> bool:

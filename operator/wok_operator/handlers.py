@@ -210,17 +210,21 @@ async def control_loop(
 ) -> None:
     wok = shared(memo)
     loop_memo = LoopMemo()
-    while not stopped:
-        interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
-        started = time.monotonic()
-        with metrics.CONTROL_LOOP_SECONDS.time():
-            try:
-                await tick(wok, loop_memo, name, namespace, body, runtime_pods, logger)
-            except (ApiException, httpx.HTTPError, OSError) as error:
-                metrics.RECONCILE_ERRORS.inc()
-                logger.warning("control tick failed, retrying next tick: %s", error)
-                kopf.warn(body, reason="ControlTickFailed", message=str(error)[:500])
-        await stopped.wait(max(0.1, interval - (time.monotonic() - started)))
+    try:
+        while not stopped:
+            interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
+            started = time.monotonic()
+            with metrics.CONTROL_LOOP_SECONDS.time():
+                try:
+                    await tick(wok, loop_memo, name, namespace, body, runtime_pods, logger)
+                except (ApiException, httpx.HTTPError, OSError) as error:
+                    metrics.RECONCILE_ERRORS.inc()
+                    logger.warning("control tick failed, retrying next tick: %s", error)
+                    kopf.warn(body, reason="ControlTickFailed", message=str(error)[:500])
+            await stopped.wait(max(0.1, interval - (time.monotonic() - started)))
+    finally:
+        # The daemon ends when the service is deleted: its series must not outlive it.
+        metrics.forget_service((namespace, name))
 
 
 async def tick(
@@ -255,6 +259,13 @@ async def tick(
     pods = list(pods_index.get(key, []))
     obs = observe(signals, pods)
     decision = decide(state_from_status(status, parsed, params), obs, params, now=time.time())
+    metrics.export_service(
+        key,
+        slo_p99=parsed.slo.p99_latency_seconds,
+        p99=obs.p99_seconds,
+        batch=decision.batch,
+        replicas=decision.replicas,
+    )
 
     # The status first (so a reconcile in between renders the new numbers), then the world.
     ensure_leading(wok)

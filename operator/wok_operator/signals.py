@@ -101,8 +101,13 @@ class Round:
 def fetch_round(url: str, queries: dict[str, str], timeout_s: float = 5.0) -> Round:
     """One round of `round_queries` against `url` (blocking: run it in a thread)."""
     from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
 
-    client = PrometheusConnect(url=url, disable_ssl=True)
+    # No retries and a client timeout: the next tick is the retry, and a Prometheus that accepts
+    # connections but never answers must not hold every control loop (they share this round).
+    client = PrometheusConnect(
+        url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s + 1.0
+    )
     vectors: dict[str, dict[ServiceKey, float]] = {}
     started = time.monotonic()
     try:

@@ -9,10 +9,15 @@ from wok_runtime.metrics import METRICS, series_names
 EXPORTED = {name for spec in METRICS.values() for name in series_names(spec)}
 
 
+def named_series(promql: str) -> set[str]:
+    """The wok and vLLM series a PromQL expression reads (test_alerts.py checks rules with it)."""
+    return set(re.findall(r"(?:vllm:|wok_)[a-z0-9_:]+", promql))
+
+
 def test_every_promql_query_names_exported_series():
     for window in (60, 300):
         for name, query in signals.round_queries([window]).items():
-            named = set(re.findall(r"(?:vllm:|wok_)[a-z0-9_:]+", query))
+            named = named_series(query)
             assert named, name
             assert named <= EXPORTED, f"{name}: {named - EXPORTED} not exported by the runtime"
 

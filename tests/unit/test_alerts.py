@@ -1,0 +1,117 @@
+"""The alert rules (charts/wok/files/alerts.yaml): promtool checks and unit-tests them, every
+series they read is exported, and the operator's SLO gauges they read follow each service."""
+
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+from prometheus_client.metrics import MetricWrapperBase
+from test_metric_contract import EXPORTED, named_series
+
+from wok_operator import handlers, metrics
+from wok_runtime.metrics import REJECT_QUEUE_FULL, MetricSpec, series_names
+
+ROOT = Path(__file__).parents[2]
+RULES = ROOT / "charts/wok/files/alerts.yaml"
+RULES_TEST = ROOT / "charts/wok/files/alerts_test.yaml"
+RUNBOOK = ROOT / "docs/alerts.md"
+
+
+def alert_rules() -> list[dict]:
+    return [
+        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    ]
+
+
+def operator_series() -> set[str]:
+    """The operator's series as Prometheus stores them, by the runtime's naming rule."""
+    names = set()
+    for collector in vars(metrics).values():
+        if isinstance(collector, MetricWrapperBase):
+            for f in collector.describe():
+                # A histogram spec needs buckets; which ones does not change its series' names.
+                buckets = (1.0,) if f.type == "histogram" else ()
+                spec = MetricSpec(f.name, f.type, f.documentation, buckets=buckets)
+                names.update(series_names(spec))
+    return names
+
+
+@pytest.mark.parametrize("command", [["check", "rules", RULES], ["test", "rules", RULES_TEST]])
+def test_promtool_accepts_the_rules_and_their_tests(command):
+    assert shutil.which("promtool"), "promtool is needed (Debian's prometheus): make tools"
+    run = subprocess.run(["promtool", *map(str, command)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_alert_reads_exported_series():
+    exported = EXPORTED | operator_series()
+    for rule in alert_rules():
+        named = named_series(rule["expr"])
+        assert named, rule["alert"]
+        assert named <= exported, f"{rule['alert']}: {named - exported} exported by no one"
+    shedding = next(r for r in alert_rules() if r["alert"] == "WokLoadShedding")
+    assert f'reason="{REJECT_QUEUE_FULL}"' in shedding["expr"]  # the reason answered with 429
+
+
+def test_every_alert_has_a_severity_and_a_runbook_section():
+    anchors = {h.lower() for h in re.findall(r"^## (\S+)$", RUNBOOK.read_text(), re.MULTILINE)}
+    for rule in alert_rules():
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        url = rule["annotations"]["runbook_url"]
+        assert url.endswith(f"docs/alerts.md#{rule['alert'].lower()}"), url
+        assert rule["alert"].lower() in anchors
+
+
+def service_gauges(key: tuple[str, str]) -> list[float | None]:
+    """SLO, observed P99, batch size, replicas of one service (None: no sample)."""
+    labels = dict(zip(metrics.SERVICE_LABELS, key, strict=True))
+    gauges = (
+        metrics.SLO_P99_SECONDS,
+        metrics.OBSERVED_P99_SECONDS,
+        metrics.BATCH_SIZE,
+        metrics.REPLICAS,
+    )
+    names = [gauge.describe()[0].name for gauge in gauges]
+    return [REGISTRY.get_sample_value(name, labels) for name in names]
+
+
+class StopsAfterOneTick:
+    """Kopf's DaemonStopped as the loop uses it: false, then true once the loop has waited."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def __bool__(self) -> bool:
+        return self.stopped
+
+    async def wait(self, timeout: float) -> None:
+        self.stopped = True
+
+
+async def test_service_gauges_follow_each_tick_and_go_with_the_service():
+    key = ("team-a", "chat")
+    metrics.export_service(key, slo_p99=5.0, p99=7.5, batch=16, replicas=2)
+    assert service_gauges(key) == [5.0, 7.5, 16, 2]
+
+    metrics.export_service(key, slo_p99=5.0, p99=math.nan, batch=12, replicas=3)
+    assert service_gauges(key) == [5.0, None, 12, 3]
+
+    # The service is deleted: its daemon ends (here after one tick that finds nothing to do).
+    await handlers.control_loop(
+        stopped=StopsAfterOneTick(),
+        name="chat",
+        namespace="team-a",
+        spec={},
+        body={},
+        memo=SimpleNamespace(wok=None),
+        logger=None,
+        runtime_pods={},
+    )
+    assert service_gauges(key) == [None] * 4
