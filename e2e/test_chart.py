@@ -88,10 +88,13 @@ def test_chart_rbac_runs_two_replicas_end_to_end_and_grants_no_more(
     system = f"{ns}-sys"
     kubectl(kc, "create", "namespace", system)
     helm = wok_binaries["helm"]
-    # Cluster-wide and namespaced renderings both pass the apiserver's validation.
+    # The cluster-wide rendering passes the apiserver's validation; the namespaced one is installed
+    # as users do (no operator pods: the operator runs below as processes, as its ServiceAccount).
     apply(kc, helm_template(helm, system, "replicas=0"), "--dry-run=server")
-    docs = helm_template(helm, system, "replicas=0", f"watchNamespaces={{{ns}}}")
-    apply(kc, docs)
+    install = [helm, f"--kubeconfig={kc}", "install", RELEASE, str(CHART), f"--namespace={system}"]
+    install += ["--set=replicas=0", f"--set=watchNamespaces={{{ns}}}", "--wait", "--timeout=60s"]
+    installed = subprocess.run(install, capture_output=True, text=True, timeout=120, check=False)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
     kubectl(kc, "wait", "--for=condition=Established", "crd/inferenceservices.wok.dev")
     sa = f"system:serviceaccount:{system}:{RELEASE}"
     sa_kubeconfig = wok_apiserver.service_account_kubeconfig(system, RELEASE)
@@ -183,5 +186,7 @@ def test_chart_rbac_runs_two_replicas_end_to_end_and_grants_no_more(
         kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true")
         for process in (first, second):
             assert process.stop() == 0, process.log_tail()
+        uninstall = [helm, f"--kubeconfig={kc}", "uninstall", RELEASE, f"--namespace={system}"]
+        subprocess.run([*uninstall, "--wait"], capture_output=True, timeout=120, check=True)
+        assert get_json(kc, "clusterrole", f"{RELEASE}-cluster") is None
         kubectl(kc, "delete", "namespace", system, "--wait=false")
-        kubectl(kc, "delete", "clusterrolebinding,clusterrole", f"{RELEASE}-cluster")

@@ -94,14 +94,18 @@ def run_operator(args: argparse.Namespace) -> int:
     leadership = None if args.standalone else win_the_lease(args)
     metrics.LEADER.set(1)
     config = OperatorConfig(prometheus_url=args.prometheus_url, extra_pod_labels=labels)
-    kopf.run(
-        clusterwide=args.all_namespaces,
-        namespaces=args.namespace,
-        # The Lease, not Kopf's peering, decides who acts (see wok_operator.leader).
-        standalone=True,
-        liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(config=config, leadership=leadership),
-    )
+    try:
+        kopf.run(
+            clusterwide=args.all_namespaces,
+            namespaces=args.namespace,
+            # The Lease, not Kopf's peering, decides who acts (see wok_operator.leader).
+            standalone=True,
+            liveness_endpoint=args.liveness or None,
+            memo=kopf.Memo(config=config, leadership=leadership),
+        )
+    finally:
+        if leadership is not None:
+            leadership.stop()
     return 0
 
 
@@ -121,14 +125,16 @@ def win_the_lease(args: argparse.Namespace) -> Any:
     probe = StandbyProbe(args.liveness, candidate) if args.liveness else None
 
     def stand_down(*_: Any) -> None:
-        raise SystemExit(0)  # a standby has nothing to drain
+        raise SystemExit(0)  # nothing to drain yet; Kopf installs its own handler when it starts
 
     signal.signal(signal.SIGTERM, stand_down)
     try:
         candidate.start()
         candidate.wait_until_leading()
+    except BaseException:
+        candidate.stop()
+        raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if probe is not None:
             probe.close()
     return candidate

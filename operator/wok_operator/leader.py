@@ -73,8 +73,11 @@ class _RenewalLease(LeaseLock):
         self.api_instance = client.CoordinationV1Api(api)
         self.written_at: float | None = None  # time.monotonic() of the last write of ours
         self.holder: str | None = None
+        self.closed = False  # set on exit: every later try fails, quietly
 
     def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        if self.closed:
+            return False, None
         try:
             found, record = super().get(name, namespace)
         except Exception as error:  # every failure is a failed try
@@ -91,6 +94,8 @@ class _RenewalLease(LeaseLock):
         return self._write(super().update, name, namespace, updated_record)
 
     def _write(self, write: Callable[..., bool], name: str, namespace: str, record: Any) -> bool:
+        if self.closed:
+            return False
         sent = time.monotonic()
         try:
             ok = write(name, namespace, record)
@@ -101,6 +106,17 @@ class _RenewalLease(LeaseLock):
             # The lease counts from when the write was sent, not when it was answered.
             self.written_at, self.holder = sent, self.identity
         return ok
+
+    def release(self) -> None:
+        """Hand the lease over now (client-go's release: no holder, a 1 s duration)."""
+        lease = self.api_instance.read_namespaced_lease(self.name, self.namespace)
+        if lease.spec.holder_identity != self.identity:
+            return
+        lease.spec.holder_identity = None
+        lease.spec.lease_duration_seconds = 1
+        # Replaced at the version just read: a renewal still in flight cannot undo the release.
+        self.api_instance.replace_namespaced_lease(self.name, self.namespace, lease)
+        logger.info("%s released the lease %s/%s", self.identity, self.namespace, self.name)
 
 
 class Candidate:
@@ -165,6 +181,17 @@ class Candidate:
         if not self.holds():
             self._lose("not renewed within the renew deadline (was this process frozen?)")
             raise LeaseLost(self.lease)
+
+    def stop(self) -> None:
+        """On exit, once Kopf has stopped: no more tries (nor logging from the campaign threads
+        while the interpreter shuts down), and a standby takes over now, not a lease later."""
+        self._lost.set()
+        self._lease.closed = True
+        if self._leading.is_set():
+            try:
+                self._lease.release()
+            except Exception as error:  # the lease then runs out by itself
+                logger.warning("could not release the lease %s: %r", self.lease, error)
 
     def _started(self) -> None:
         logger.info("%s leads: acquired the lease %s", self.identity, self.lease)
