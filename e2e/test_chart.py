@@ -81,6 +81,25 @@ def test_lint_and_render(wok_binaries):
         helm_template(helm, "wok-system", "leaderElection.enabled=false")
 
 
+@pytest.mark.parametrize(
+    ("sets", "namespace", "labels"),
+    [
+        (["dashboard.enabled=true"], "wok-system", {"grafana_dashboard": "1"}),
+        (
+            ["dashboard.enabled=true", "dashboard.namespace=monitoring", "dashboard.labels.team=a"],
+            "monitoring",
+            {"grafana_dashboard": "1", "team": "a"},
+        ),
+    ],
+)
+def test_the_chart_ships_the_dashboard_unchanged(wok_binaries, sets, namespace, labels):
+    docs = helm_template(wok_binaries["helm"], "wok-system", *sets)
+    [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["namespace"] == namespace
+    assert labels.items() <= config_map["metadata"]["labels"].items()
+    assert config_map["data"]["wok.json"] == (CHART / "files" / "dashboard.json").read_text()
+
+
 def test_chart_rbac_runs_two_replicas_end_to_end_and_grants_no_more(
     wok_cluster, wok_apiserver, wok_binaries, wok_namespace, tmp_path
 ):

@@ -1,18 +1,12 @@
 """The Grafana dashboard (charts/wok/files/dashboard.json): every panel queries series that are
-exported, through template variables it defines, and the chart ships the JSON as it is."""
+exported, through template variables it defines (e2e/test_chart.py renders it with Helm)."""
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
-import yaml
 from test_alerts import operator_series
 from test_metric_contract import EXPORTED, named_series
-
-from wok_cluster import binaries
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "charts/wok"
@@ -75,43 +69,3 @@ def test_every_variable_a_panel_uses_is_defined():
         assert referenced_variables(panel) <= defined, panel["title"]
     for variable in variables():
         assert referenced_variables(variable) <= defined, variable["name"]
-
-
-def helm_template(*sets: str) -> list[dict]:
-    helm = binaries.bin_dir() / "helm"
-    assert os.access(helm, os.X_OK), f"no helm at {helm}: `make cluster-bin` builds it"
-    args = [str(helm), "template", "wok", str(CHART), "--namespace=wok-system"]
-    args += [f"--kube-version={binaries.kubernetes_version()}", *(f"--set={s}" for s in sets)]
-    run = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
-    assert run.returncode == 0, run.stderr
-    return [doc for doc in yaml.safe_load_all(run.stdout) if doc]
-
-
-def dashboard_config_maps(*sets: str) -> list[dict]:
-    return [
-        doc
-        for doc in helm_template(*sets)
-        if doc["kind"] == "ConfigMap" and "wok.json" in doc.get("data", {})
-    ]
-
-
-@pytest.mark.parametrize(
-    ("sets", "namespace", "labels"),
-    [
-        (["dashboard.enabled=true"], "wok-system", {"grafana_dashboard": "1"}),
-        (
-            ["dashboard.enabled=true", "dashboard.namespace=monitoring", "dashboard.labels.team=a"],
-            "monitoring",
-            {"grafana_dashboard": "1", "team": "a"},
-        ),
-    ],
-)
-def test_the_chart_ships_the_dashboard_unchanged(sets, namespace, labels):
-    [config_map] = dashboard_config_maps(*sets)
-    assert config_map["metadata"]["namespace"] == namespace
-    assert labels.items() <= config_map["metadata"]["labels"].items()
-    assert config_map["data"]["wok.json"] == DASHBOARD.read_text()
-
-
-def test_the_chart_ships_no_dashboard_by_default():
-    assert dashboard_config_maps() == []
