@@ -11,6 +11,8 @@ failed for the renew deadline, another replica may take over after the lease dur
 past that point would be split-brain. A watchdog thread enforces the deadline even when a renewal
 hangs, and `holds()` lets handlers refuse to act after the process was frozen (SIGSTOP, a stalled
 node) before the watchdog has had a chance to run. Kubernetes restarts the pod as a standby.
+A holder that stops gracefully releases the lease once Kopf has stopped, so a rolling update
+hands over at once instead of after a lease duration.
 """
 
 from __future__ import annotations
