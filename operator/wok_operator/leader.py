@@ -76,6 +76,7 @@ class _RenewalLease(LeaseLock):
         self.written_at: float | None = None  # time.monotonic() of the last write of ours
         self.holder: str | None = None
         self.closed = False  # set on exit: every later try fails, quietly
+        self.read_error: str | None = None  # logged once, not at every try
 
     def get(self, name: str, namespace: str) -> tuple[bool, Any]:
         if self.closed:
@@ -83,7 +84,14 @@ class _RenewalLease(LeaseLock):
         try:
             found, record = super().get(name, namespace)
         except Exception as error:  # every failure is a failed try
-            return False, error
+            found, record = False, error
+        # A missing Lease is created next; anything else (403, no apiserver) leaves a standby
+        # waiting for good, and an SRE should see why.
+        error = None if found or getattr(record, "status", None) == 404 else record
+        why = f"{type(error).__name__}: {getattr(error, 'reason', error)}" if error else None
+        if why and why != self.read_error:
+            logger.warning("cannot read the lease %s/%s: %s", namespace, name, why)
+        self.read_error = why
         if found and record.holder_identity != self.holder:
             self.holder = record.holder_identity
             logger.info("lease %s/%s is held by %s", namespace, name, self.holder or "nobody")
