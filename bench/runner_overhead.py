@@ -141,6 +141,22 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
+def timing_summary(paged_s: list[float], dense_s: list[float], plan_s: list[float]) -> dict:
+    """Medians in ms, the overhead and the ratios of the paged path over the bare one."""
+    row = {
+        "paged_ms": 1e3 * statistics.median(paged_s),
+        "dense_ms": 1e3 * statistics.median(dense_s),
+        "plan_ms": 1e3 * statistics.median(plan_s),
+        # Minimums too: on a shared machine noise only adds, so min/min is the cleaner ratio.
+        "paged_min_ms": 1e3 * min(paged_s),
+        "dense_min_ms": 1e3 * min(dense_s),
+    }
+    row["overhead_ms"] = row["paged_ms"] - row["dense_ms"]
+    row["ratio"] = row["paged_ms"] / row["dense_ms"]
+    row["ratio_min"] = row["paged_min_ms"] / row["dense_min_ms"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2-135m")
@@ -179,16 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             "step": "decode",
             "batch": B,
             "mean_context": statistics.mean(lengths),
-            "paged_ms": 1e3 * statistics.median(paged_s),
-            "dense_ms": 1e3 * statistics.median(dense_s),
-            "plan_ms": 1e3 * statistics.median(plan_s),
-            # Minimums too: on a shared machine noise only adds, so min/min is the cleaner ratio.
-            "paged_min_ms": 1e3 * min(paged_s),
-            "dense_min_ms": 1e3 * min(dense_s),
+            **timing_summary(paged_s, dense_s, plan_s),
         }
-        row["overhead_ms"] = row["paged_ms"] - row["dense_ms"]
-        row["ratio"] = row["paged_ms"] / row["dense_ms"]
-        row["ratio_min"] = row["paged_min_ms"] / row["dense_min_ms"]
         rows.append(row)
         print(
             f"decode  B={B:3d} ctx~{row['mean_context']:.0f}  paged {row['paged_ms']:7.2f} ms  "
@@ -220,16 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             "step": "prefill",
             "batch": B,
             "tokens": sum(lengths),
-            "paged_ms": 1e3 * statistics.median(paged_s),
-            "dense_ms": 1e3 * statistics.median(dense_s),
-            "plan_ms": 1e3 * statistics.median(plan_s),
-            # Minimums too: on a shared machine noise only adds, so min/min is the cleaner ratio.
-            "paged_min_ms": 1e3 * min(paged_s),
-            "dense_min_ms": 1e3 * min(dense_s),
+            **timing_summary(paged_s, dense_s, plan_s),
         }
-        row["overhead_ms"] = row["paged_ms"] - row["dense_ms"]
-        row["ratio"] = row["paged_ms"] / row["dense_ms"]
-        row["ratio_min"] = row["paged_min_ms"] / row["dense_min_ms"]
         rows.append(row)
         print(
             f"prefill B={B:3d} {row['tokens']} tokens  paged {row['paged_ms']:7.2f} ms  "

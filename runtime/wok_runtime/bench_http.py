@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import ipaddress
 import itertools
 import json
@@ -24,12 +23,13 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
+
+from wok_runtime.bench_engine import read_azure_trace
 
 PROMPT_TOKEN_RANGE = (10, 250)  # ids every vocabulary has (byte-level BPE: the 256 byte tokens)
 BATCH_SIZE_METRIC = "wok_batch_size"
@@ -105,20 +105,14 @@ def trace_specs(
     if speedup <= 0:
         raise ValueError(f"--trace-speedup must be > 0, got {speedup}")
     specs: list[RequestSpec] = []
-    start: datetime | None = None
-    with Path(path).open(newline="") as handle:
-        for row in itertools.islice(csv.DictReader(handle), n):
-            at = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26])
-            start = start or at
-            prompt = max(1, int(row["ContextTokens"]))
-            output = max(1, int(row["GeneratedTokens"]))
-            if max_input_len:
-                prompt = min(prompt, max_input_len)
-            if max_output_len:
-                output = min(output, max_output_len)
-            specs.append(RequestSpec((at - start).total_seconds() / speedup, prompt, output))
-    if not specs:
-        raise ValueError(f"{path}: no requests in the trace")
+    for row in read_azure_trace(Path(path), n):
+        prompt = max(1, row.context_tokens)
+        output = max(1, row.generated_tokens)
+        if max_input_len:
+            prompt = min(prompt, max_input_len)
+        if max_output_len:
+            output = min(output, max_output_len)
+        specs.append(RequestSpec(row.offset_s / speedup, prompt, output))
     return specs
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -40,15 +40,26 @@ __all__ = [
     "wok_prometheus",
 ]
 
-T = TypeVar("T")
+
+class _Startable(Protocol):
+    def start(self) -> Any: ...
+
+
+T = TypeVar("T", bound=_Startable)
 _running: dict[str, Any] = {}
 
 
-def _once(key: str, start: Callable[[], T], stop: Callable[[T], None]) -> Iterator[T]:
+def _once(key: str, make: Callable[[], T], stop: Callable[[T], None]) -> Iterator[T]:
+    """Starts `make()` at most once per pytest process; a failed start is stopped, then raised."""
     if key in _running:
         yield _running[key]
         return
-    obj = start()
+    obj = make()
+    try:
+        obj.start()
+    except BaseException:
+        stop(obj)
+        raise
     _running[key] = obj
     try:
         yield obj
@@ -73,46 +84,28 @@ def wok_binaries() -> Binaries:
 def wok_apiserver(
     wok_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
-    def start() -> ControlPlane:
-        plane = ControlPlane(tmp_path_factory.mktemp("wok-cluster"), wok_binaries)
-        try:
-            return plane.start()
-        except BaseException:
-            plane.stop()
-            raise
+    def make() -> ControlPlane:
+        return ControlPlane(tmp_path_factory.mktemp("wok-cluster"), wok_binaries)
 
     def stop(plane: ControlPlane) -> None:
         plane.stop()
         left = processes_marked(str(plane.run_dir))
         assert not left, f"processes outlived the cluster teardown: {left}"
 
-    yield from _once("apiserver", start, stop)
+    yield from _once("apiserver", make, stop)
 
 
 @pytest.fixture(scope="session")
 def wok_cluster(wok_apiserver: ControlPlane) -> Iterator[Cluster]:
-    def start() -> Cluster:
-        cluster = Cluster(wok_apiserver)
-        try:
-            return cluster.start()
-        except BaseException:
-            cluster.stop()
-            raise
-
-    yield from _once("cluster", start, Cluster.stop)
+    yield from _once("cluster", lambda: Cluster(wok_apiserver), Cluster.stop)
 
 
 @pytest.fixture(scope="session")
 def wok_prometheus(wok_apiserver: ControlPlane) -> Iterator[Prometheus]:
-    def start() -> Prometheus:
-        prometheus = Prometheus(wok_apiserver, wok_apiserver.run_dir / "prometheus")
-        try:
-            return prometheus.start()
-        except BaseException:
-            prometheus.stop()
-            raise
+    def make() -> Prometheus:
+        return Prometheus(wok_apiserver, wok_apiserver.run_dir / "prometheus")
 
-    yield from _once("prometheus", start, Prometheus.stop)
+    yield from _once("prometheus", make, Prometheus.stop)
 
 
 @pytest.fixture(scope="session")
