@@ -60,7 +60,18 @@ def _register_serve(runtime: Any) -> None:
         default=None,
         help="float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",
     )
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu | cuda | sim (default: cuda when available); sim: a simulated accelerator",
+    )
+    p.add_argument("--profile", default=None, help="sim: step-time profile, sim:NAME or a path")
+    p.add_argument(
+        "--sim-load-seconds",
+        type=float,
+        default=None,
+        help="sim: not ready this long after start (default: the profile's load_seconds)",
+    )
     p.add_argument("--priority-classes", default="interactive=0,standard=1,batch=2")
     p.add_argument("--aging-seconds", type=float, default=10.0)
     p.add_argument("--tenant-kv-share", type=float, default=1.0)
