@@ -28,6 +28,7 @@ def register(commands: Any) -> None:
     _register_bench_http(bench)
     _register_bench_engine(bench)
     _register_model(_group(commands, "model", "model files (export a built-in model)"))
+    _register_profile(commands)
 
 
 # --- wok runtime serve (server.py) ---------------------------------------------------------------
@@ -169,5 +170,24 @@ def _register_bench_engine(bench: Any) -> None:
 
 def _bench_engine(args: argparse.Namespace) -> int:
     from wok_runtime.bench_engine import run_from_args
+
+    return run_from_args(args)
+
+
+# --- wok profile (profiler.py) -------------------------------------------------------------------
+
+
+def _register_profile(commands: Any) -> None:
+    from wok_runtime.profiler import register_arguments  # argparse only, no torch
+
+    p = commands.add_parser(
+        "profile", help="measure the engine's step time and fit a wok_sim step-time profile"
+    )
+    register_arguments(p)
+    p.set_defaults(func=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from wok_runtime.profiler import run_from_args
 
     return run_from_args(args)
