@@ -6,6 +6,9 @@ once as a standard Hugging Face directory under `~/.cache/wok/models/NAME/` (`$W
 overrides `~/.cache/wok`), so the runtime, `transformers` and the benchmarks all load the same
 files. Generation is deterministic: the same spec gives the same bytes on every machine with the
 same torch.
+
+Torch is imported only to generate weights: the simulated accelerator needs the tokenizer alone
+(`ensure_builtin_tokenizer`, cached apart from the weights) and runs without torch.
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from wok_runtime.model_config import ModelConfig
-from wok_runtime.weights import save_safetensors
+
+if TYPE_CHECKING:
+    import torch
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN = "<|endoftext|>"
@@ -36,6 +42,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+MARKER = "wok_builtin.json"  # the fingerprint of what a generated directory holds
 # Bump when generation changes, so stale caches are regenerated instead of silently reused.
 GENERATOR_VERSION = 1
 
@@ -56,8 +63,26 @@ class BuiltinSpec:
             raise ValueError("a byte-level tokenizer needs a vocabulary of at least 259")
 
     def fingerprint(self) -> str:
+        import torch
+
         record = {"spec": asdict(self), "version": GENERATOR_VERSION, "torch": torch.__version__}
-        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+        return _digest(record)
+
+    def tokenizer_fingerprint(self) -> str:
+        record = {
+            "vocab_size": self.config.vocab_size,
+            "seed": self.seed,
+            "version": GENERATOR_VERSION,
+            "tokenizers": tokenizers.__version__,
+        }
+        return _digest(record)
+
+    def write_tokenizer_dir(self, path: Path) -> None:
+        """The tokenizer files of `write_model_dir`, and a marker, without the weights."""
+        tokenizer = build_tokenizer(self.config.vocab_size, seed=self.seed)
+        write_tokenizer(tokenizer, path, self.config)
+        marker = {"fingerprint": self.tokenizer_fingerprint(), "spec": asdict(self)}
+        (path / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
 BUILTINS: dict[str, BuiltinSpec] = {
@@ -116,50 +141,70 @@ def ensure_builtin(name: str, *, root: Path | None = None) -> Path:
     return ensure_generated(builtin_spec(name), (root or cache_root()) / "models")
 
 
+def ensure_builtin_tokenizer(name: str, *, root: Path | None = None) -> Path:
+    """A directory with only the tokenizer files of built-in model `name`, generated on first use
+    (the same tokenizer as `ensure_builtin(name)`'s, without torch)."""
+    spec = builtin_spec(name)
+    parent = (root or cache_root()) / "tokenizers"
+    return _generate_once(parent / name, spec.tokenizer_fingerprint(), spec.write_tokenizer_dir)
+
+
 def ensure_generated(spec: BuiltinSpec, parent: Path) -> Path:
-    """Generates `spec` into `parent/NAME` unless an up-to-date copy is there.
+    """Generates `spec` into `parent/NAME` unless an up-to-date copy is there."""
+    return _generate_once(
+        parent / spec.name, spec.fingerprint(), lambda p: write_model_dir(spec, p)
+    )
+
+
+def _generate_once(target: Path, fingerprint: str, write: Callable[[Path], None]) -> Path:
+    """`write`s a directory at `target` unless one with `fingerprint` in its marker is there.
 
     Safe when several processes start at once: each writes a private temporary directory next to
     the target and renames it into place; the rename is atomic, so a reader sees either no
     directory or a complete one, and a loser of the race discards its copy.
     """
-    target = parent / spec.name
-    if _is_current(target, spec):
+    if _is_current(target, fingerprint):
         return target
+    parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     try:
-        write_model_dir(spec, tmp)
+        write(tmp)
         # mkdtemp makes a private directory; the cache is meant to be read by every user.
         tmp.chmod(0o755)
         for file in tmp.iterdir():
             file.chmod(0o644)
-        if target.exists() and not _is_current(target, spec):
+        if target.exists() and not _is_current(target, fingerprint):
             # Stale generator version: move it aside (atomically) before swapping in the new one.
-            stale = Path(tempfile.mkdtemp(prefix=f".{spec.name}.stale-", dir=parent))
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=parent))
             with contextlib.suppress(FileNotFoundError):  # another process moved it first
                 target.rename(stale / "old")
             shutil.rmtree(stale, ignore_errors=True)
         try:
             tmp.rename(target)
         except OSError:
-            if not _is_current(target, spec):
+            if not _is_current(target, fingerprint):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _is_current(path: Path, spec: BuiltinSpec) -> bool:
-    marker = path / "wok_builtin.json"
+def _is_current(path: Path, fingerprint: str) -> bool:
     try:
-        return json.loads(marker.read_text()).get("fingerprint") == spec.fingerprint()
+        return json.loads((path / MARKER).read_text()).get("fingerprint") == fingerprint
     except (OSError, ValueError):
         return False
 
 
+def _digest(record: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def write_model_dir(spec: BuiltinSpec, path: Path, *, max_shard_bytes: int | None = None) -> None:
     """Writes `spec` as a Hugging Face directory (config, safetensors, tokenizer files)."""
+    from wok_runtime.weights import save_safetensors
+
     path.mkdir(parents=True, exist_ok=True)
     config = spec.config
     (path / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
@@ -171,13 +216,15 @@ def write_model_dir(spec: BuiltinSpec, path: Path, *, max_shard_bytes: int | Non
     )
     save_safetensors(random_weights(spec), path, max_shard_bytes=max_shard_bytes)
     write_tokenizer(build_tokenizer(config.vocab_size, seed=spec.seed), path, config)
-    (path / "wok_builtin.json").write_text(
+    (path / MARKER).write_text(
         json.dumps({"fingerprint": spec.fingerprint(), "spec": asdict(spec)}, indent=2) + "\n"
     )
 
 
 def random_weights(spec: BuiltinSpec) -> dict[str, torch.Tensor]:
     """Hugging Face-named fp32 tensors drawn in a fixed order from one seeded generator."""
+    import torch
+
     c = spec.config
     gen = torch.Generator().manual_seed(spec.seed)
 

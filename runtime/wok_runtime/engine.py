@@ -6,9 +6,12 @@ other threads, while each model step takes milliseconds to seconds. All schedule
 only under one lock; the model forward runs outside it, so submissions never wait for a step.
 Callbacks (`on_output`, `on_step`) are always called from the engine thread, outside the lock.
 
+What runs a step is a `StepExecutor` (step.py): the PyTorch model runner with the sampler, or
+the simulated accelerator. The engine itself never imports torch, so a simulated pod does not.
+
 Robustness is per request: a bad request is refused at `add_request` (InvalidRequestError), a
 row of non-finite logits fails only its request, and an exception in a whole step is retried per
-sequence to find the culprit, so one request can never stop the loop.
+sequence to find the culprit (sampled_step.py), so one request can never stop the loop.
 """
 
 from __future__ import annotations
@@ -19,17 +22,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from wok_runtime.block_manager import BlockManager
 from wok_runtime.engine_config import BatchingParams, EngineConfig, Mode
-from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.request_queue import QueueFullError, RequestQueue
-from wok_runtime.sampler import Sampler
 from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from wok_runtime.scheduler import Scheduler, SchedulerOutput
 from wok_runtime.sequence import RequestMetrics, Sequence
+from wok_runtime.step import StepExecutor, StepTokens
 
 __all__ = [
     "BatchingParams",
@@ -100,9 +101,14 @@ OutputCallback = Callable[[RequestOutput], None]
 
 
 class LLMEngine:
+    """`runner` is either a `StepExecutor` (it picks its own tokens: the simulated accelerator) or
+    a logits runner (`forward`, the PyTorch `ModelRunner`), which the engine pairs with the
+    sampler. Either way it carries `tokenizer`, `config` (`vocab_size`, `eos_token_id`),
+    `num_blocks`, `block_size`, `max_model_len` and `max_num_batched_tokens`."""
+
     def __init__(
         self,
-        runner: ModelRunner,
+        runner: Any,
         config: EngineConfig,
         *,
         on_step: Callable[[StepStats], None] | None = None,
@@ -138,7 +144,7 @@ class LLMEngine:
             queue=RequestQueue(config.max_queue, aging_s=config.aging_s),
             eos_token_id=_eos_token_id(runner),
         )
-        self.sampler = Sampler()
+        self._executor = _executor_for(runner)
         self.on_step = on_step  # public: the server attaches its metrics hook after building
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -351,28 +357,13 @@ class LLMEngine:
 
     def _run_step(self, batch: SchedulerOutput, now: float) -> None:
         started = time.perf_counter()
-        logits, failed = self._forward(batch.scheduled)
-        sampled: dict[Sequence, int] = {}
-        rows = [
-            i for i, item in enumerate(batch.scheduled) if item.samples and item.seq not in failed
-        ]
-        if rows:
-            try:
-                assert logits is not None
-                items = [batch.scheduled[i] for i in rows]
-                picked = logits if len(rows) == len(batch.scheduled) else logits[rows]
-                tokens = self.sampler.sample(
-                    picked, [(it.seq.request_id, it.seq.params) for it in items]
-                )
-                for item, token in zip(items, tokens, strict=True):
-                    if token is None:
-                        failed[item.seq] = "the model produced non-finite logits (NaN or inf)"
-                    else:
-                        sampled[item.seq] = token
-            except Exception as error:  # a sampler bug must not kill the loop either
-                log.exception("sampling failed")
-                for i in rows:
-                    failed[batch.scheduled[i].seq] = f"sampling failed: {error!r}"
+        try:
+            result = self._executor.execute(batch)
+        except Exception as error:  # an executor bug fails this step's requests, not the loop
+            log.exception("a step of %d sequences failed", len(batch.scheduled))
+            failure = f"the model step failed: {error!r}"
+            result = StepTokens({}, {item.seq: failure for item in batch.scheduled})
+        failed, sampled = result.failed, result.sampled
         with self._lock:
             done_at = self._clock()
             for seq, reason in failed.items():
@@ -399,35 +390,6 @@ class LLMEngine:
             except Exception:
                 log.exception("on_step callback failed")
 
-    def _forward(
-        self, scheduled: list[ScheduledSeq]
-    ) -> tuple[torch.Tensor | None, dict[Sequence, str]]:
-        """Runs the step; on an exception, runs each sequence alone so that only the culprit
-        fails (rewriting the same K/V slots again is harmless)."""
-        inputs = [
-            StepInput(
-                token_ids=it.token_ids, start_pos=it.start_pos, block_table=list(it.seq.block_table)
-            )
-            for it in scheduled
-        ]
-        try:
-            return self.runner.forward(inputs), {}
-        except Exception:
-            log.exception("a step of %d sequences failed; retrying them one by one", len(inputs))
-        failed: dict[Sequence, str] = {}
-        rows: list[torch.Tensor | None] = []
-        for item, one in zip(scheduled, inputs, strict=True):
-            try:
-                rows.append(self.runner.forward([one])[0])
-            except Exception as error:
-                failed[item.seq] = f"the model step failed: {error!r}"
-                rows.append(None)
-        good = [r for r in rows if r is not None]
-        if not good:
-            return None, failed
-        filler = torch.full_like(good[0], float("nan"))
-        return torch.stack([filler if r is None else r for r in rows]), failed
-
     def _outputs_for(self, seqs: list[Sequence]) -> list[tuple[OutputCallback, RequestOutput]]:
         """Incremental outputs (under the lock); finished requests drop their callback."""
         outputs: list[tuple[OutputCallback, RequestOutput]] = []
@@ -442,7 +404,7 @@ class LLMEngine:
             seq.num_emitted_tokens = len(visible)
             if seq.is_finished:
                 del self._callbacks[seq.request_id]
-                self.sampler.release(seq.request_id)
+                self._executor.release(seq.request_id)
                 self._completed_total += 1
             elif not new:
                 continue
@@ -470,12 +432,20 @@ class LLMEngine:
                 log.exception("on_output callback failed for %s", output.request_id)
 
 
-def _runner_max_model_len(runner: ModelRunner) -> int:
+def _executor_for(runner: Any) -> StepExecutor:
+    if isinstance(runner, StepExecutor):
+        return runner
+    from wok_runtime.sampled_step import SampledStep  # torch: only for a logits runner
+
+    return SampledStep(runner)
+
+
+def _runner_max_model_len(runner: Any) -> int:
     value = getattr(runner, "max_model_len", None)
     return int(value) if value else int(runner.config.max_position)
 
 
-def _eos_token_id(runner: ModelRunner) -> int | None:
+def _eos_token_id(runner: Any) -> int | None:
     for name in ("eos_token_id", "eos"):
         value = getattr(runner.config, name, None)
         if value is not None:

@@ -27,6 +27,9 @@ NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
 TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS = "vllm:inter_token_latency_seconds"
+# One sample per finished request: its mean time per output token after the first (what a TPOT
+# SLO is about; the inter-token histogram weighs long requests by their length instead).
+REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS = "vllm:request_time_per_output_token_seconds"
 E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME_SECONDS = "vllm:request_queue_time_seconds"
 # First scheduled to finished: the part of E2E the batch size controls (the operator's law
@@ -95,6 +98,12 @@ _SPECS = (
     ),
     MetricSpec(
         INTER_TOKEN_LATENCY_SECONDS, "histogram", "Time between output tokens.", buckets=ITL_BUCKETS
+    ),
+    MetricSpec(
+        REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
+        "histogram",
+        "Per request: (last token - first token) / (output tokens - 1).",
+        buckets=ITL_BUCKETS,
     ),
     MetricSpec(
         E2E_REQUEST_LATENCY_SECONDS,
@@ -176,6 +185,7 @@ class RuntimeMetrics:
 
         self.ttft = histogram(TIME_TO_FIRST_TOKEN_SECONDS)
         self.itl = histogram(INTER_TOKEN_LATENCY_SECONDS)
+        self.tpot = histogram(REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS)
         self.e2e = histogram(E2E_REQUEST_LATENCY_SECONDS)
         self.queue_time = histogram(REQUEST_QUEUE_TIME_SECONDS)
         self.inference_time = histogram(REQUEST_INFERENCE_TIME_SECONDS)
@@ -201,6 +211,11 @@ class RuntimeMetrics:
         self.prompt_tokens.inc(m.num_prompt_tokens)
         if m.first_token_time is not None:
             self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
+            # vLLM's definition. The last token, not the finish: an abort (a stop string, a
+            # client that left) may come later, and that wait is not decoding.
+            if m.last_token_time is not None and m.num_output_tokens >= 2:
+                decode_s = m.last_token_time - m.first_token_time
+                self.tpot.observe(max(0.0, decode_s / (m.num_output_tokens - 1)))
         if m.first_scheduled_time is not None:
             self.queue_time.observe(max(0.0, m.first_scheduled_time - m.arrival_time))
             if m.finished_time is not None:

@@ -6,6 +6,10 @@ everything between a socket and `LLMEngine.add_request`: validation (OpenAI erro
 and while draining), cancellation (a client that goes away aborts its sequence and frees its KV
 blocks), the live admin API the operator drives, and a SIGTERM drain that lets in-flight requests
 finish before the process exits 0.
+
+With `--device sim` the engine runs on the simulated accelerator (sim_runner.py) and this module
+also models the weights' load time: the server listens at once, but is not ready (and serves
+nothing) until `--sim-load-seconds` are up. That path imports no torch.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class ServerConfig:
     priority_classes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
     default_priority: int = 1
     drain_seconds: float = 30.0
+    load_seconds: float = 0.0  # listening but not ready this long first (the simulated load)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -90,6 +95,8 @@ class ServerConfig:
             raise ValueError("at least one priority class is needed")
         if not (math.isfinite(self.drain_seconds) and self.drain_seconds >= 0):
             raise ValueError(f"drain seconds must be >= 0, got {self.drain_seconds}")
+        if not (math.isfinite(self.load_seconds) and self.load_seconds >= 0):
+            raise ValueError(f"load seconds must be >= 0, got {self.load_seconds}")
 
     @property
     def max_priority(self) -> int:
@@ -123,6 +130,7 @@ class ServerState:
 
     def __init__(self) -> None:
         self.ready = False
+        self.loading = False  # the simulated weight load is not over
         self.draining = False
         self.in_flight = 0
 
@@ -281,6 +289,13 @@ class Server:
                 type="service_unavailable",
                 code="draining",
             )
+        if self.state.loading:
+            raise APIError(
+                503,
+                "the model is still loading; retry once /readyz answers 200",
+                type="service_unavailable",
+                code="loading",
+            )
         tracked = _Tracked(asyncio.get_running_loop(), self.metrics)
         try:
             tracked.request_id = self.engine.add_request(
@@ -389,16 +404,32 @@ def create_app(
 
     from contextlib import asynccontextmanager
 
+    async def become_ready() -> None:
+        if config.load_seconds > 0:
+            await asyncio.sleep(config.load_seconds)
+            server.state.loading = False
+        if warmup:
+            await _warm_up(server)
+        if not server.state.draining:
+            server.state.ready = True
+            log.info("ready: serving %r", config.served_model_name)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
-        if warmup:
-            await _warm_up(server)
-        server.state.ready = True
-        log.info("ready: serving %r", config.served_model_name)
+        loading = None
+        if config.load_seconds > 0:
+            # In the background: uvicorn listens only once the lifespan has started, and the
+            # probes must see 503 "starting" during the load, not a refused connection.
+            server.state.loading = True
+            loading = asyncio.get_running_loop().create_task(become_ready())
+        else:
+            await become_ready()
         try:
             yield
         finally:
+            if loading is not None:
+                loading.cancel()
             server.state.ready = False
             server.state.draining = True
             await asyncio.to_thread(engine.shutdown, config.drain_seconds)
@@ -818,21 +849,56 @@ def _default_dtype(device: str | None) -> str:
     return "bfloat16" if on_cuda else "float32"
 
 
+def _build_runner(args: argparse.Namespace) -> Any:
+    """The PyTorch model runner, or the simulated accelerator for `--device sim`."""
+    if args.device == "sim":
+        from wok_runtime.sim_runner import SimModelRunner
+
+        if args.profile is None:
+            raise ValueError("--device sim needs --profile NAME|PATH (e.g. sim:llama-3-8b-80g)")
+        if args.kv_cache_bytes is not None:
+            raise ValueError(
+                "--kv-cache-bytes does not apply to --device sim (the profile sizes it)"
+            )
+        return SimModelRunner.from_profile(args.profile)
+    if args.profile is not None or args.sim_load_seconds is not None:
+        raise ValueError("--profile and --sim-load-seconds need --device sim")
+    from wok_runtime.model_runner import ModelRunner
+
+    return ModelRunner.from_source(
+        args.model,
+        dtype=args.dtype or _default_dtype(args.device),
+        device=args.device,
+        block_size=args.block_size,
+        kv_cache_bytes=args.kv_cache_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    )
+
+
 def serve_from_args(args: argparse.Namespace) -> int:
     """`wok runtime serve`: loads the model, builds the engine, serves until SIGTERM."""
     from wok_runtime.engine import EngineConfig, LLMEngine
-    from wok_runtime.model_runner import ModelRunner
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     classes = parse_priority_classes(args.priority_classes)
+    admin_token = read_admin_token(args.admin_token_file)
+    runner = _build_runner(args)
+    load_seconds = 0.0
+    if args.device == "sim":
+        load_seconds = runner.profile.load_seconds
+        if args.sim_load_seconds is not None:
+            load_seconds = args.sim_load_seconds
     config = ServerConfig(
-        served_model_name=args.served_model_name or args.model,
-        admin_token=read_admin_token(args.admin_token_file),
+        served_model_name=args.served_model_name or runner.model_name,
+        admin_token=admin_token,
         priority_classes=classes,
         default_priority=classes.get("standard", min(classes.values())),
         drain_seconds=args.drain_seconds,
+        load_seconds=load_seconds,
     )
     engine_config = EngineConfig(
         mode=args.mode,
@@ -843,17 +909,6 @@ def serve_from_args(args: argparse.Namespace) -> int:
         queue_timeout_s=args.queue_timeout,
         aging_s=args.aging_seconds,
         tenant_kv_share=args.tenant_kv_share,
-        max_model_len=args.max_model_len,
-    )
-    dtype = args.dtype or _default_dtype(args.device)
-    runner = ModelRunner.from_source(
-        args.model,
-        dtype=dtype,
-        device=args.device,
-        block_size=args.block_size,
-        kv_cache_bytes=args.kv_cache_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
     )
     priorities = tuple(sorted(set(classes.values())))
