@@ -16,12 +16,13 @@ def build_parser() -> argparse.ArgumentParser:
     from wok_cluster import cli as cluster_cli
     from wok_operator import cli as operator_cli
     from wok_runtime import cli as runtime_cli
+    from wok_sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(
         prog="wok", description="Batching-aware autoscaling for LLM inference on Kubernetes."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for part in (operator_cli, runtime_cli, cluster_cli, demo):
+    for part in (operator_cli, runtime_cli, sim_cli, cluster_cli, demo):
         part.register(commands)
     return parser
 

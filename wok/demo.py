@@ -1,8 +1,8 @@
 """`wok demo`: wok's main job on an embedded default, on a laptop, in about a minute.
 
 It sizes a real model's KV cache from its architecture (the memory budget), runs the control law
-over a scripted busy hour (plot), then runs it live: a real runtime process under a real burst of
-requests, its batch size moved through the admin API (plot).
+in the fleet simulator over a scripted busy quarter-hour (plot), then runs it live: a real runtime
+process under a real burst of requests, its batch size moved through the admin API (plot).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wok_operator.cli import run_budget, run_simulate
+    from wok_operator.cli import run_budget
+    from wok_sim import cli as sim_cli
 
     print("== 1. The memory budget: Llama-3-8B in bf16 on one 80 GiB GPU, 8k context ==")
     run_budget(
@@ -39,10 +40,12 @@ def run(args: argparse.Namespace) -> int:
             json=False,
         )
     )
-    print("\n== 2. The control law over a busy hour (wok simulate, default InferenceService) ==")
-    plot_path = args.out / "simulate.png"
-    run_simulate(argparse.Namespace(spec=None, batch_mem=None, plot=str(plot_path), json=False))
-    print(f"\nThe control loop over time: {plot_path}")
+    print("\n== 2. The control law in the fleet simulator, on a scripted busy quarter-hour ==")
+    simulate = argparse.ArgumentParser(prog="wok simulate")
+    sim_cli.add_arguments(simulate)
+    sim_args = ["--trace", "script", "--policy", "wok", "--jobs", "1", "--plot", str(args.out)]
+    sim_cli.run(simulate.parse_args(sim_args))
+    print(f"\nThe control loop over time: {args.out / 'simulate-wok.png'}")
     if args.no_live:
         return 0
     from wok.live_demo import plot_live, run_live

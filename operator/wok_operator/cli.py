@@ -1,4 +1,4 @@
-"""Operator-side commands of the `wok` CLI: `crds`, `budget`, `simulate` (and `operator run`)."""
+"""Operator-side commands of the `wok` CLI: `crds`, `budget` (and `operator run`)."""
 
 from __future__ import annotations
 
@@ -31,15 +31,6 @@ def register(commands: Any) -> None:
     budget.add_argument("--max-num-batched-tokens", type=int, default=2048)
     budget.add_argument("--json", action="store_true", help="machine-readable output")
     budget.set_defaults(func=run_budget)
-
-    simulate = commands.add_parser(
-        "simulate", help="run the control law on a scripted load (no cluster needed)"
-    )
-    simulate.add_argument("--spec", type=Path, help="an InferenceService YAML (else defaults)")
-    simulate.add_argument("--batch-mem", type=int, help="B_mem (else from the spec's budget)")
-    simulate.add_argument("--plot", default="out/simulate.png", help="where to write the plot")
-    simulate.add_argument("--json", action="store_true", help="print every tick as JSON")
-    simulate.set_defaults(func=run_simulate)
 
 
 def register_operator(commands: Any) -> None:
@@ -188,43 +179,4 @@ def run_budget(args: argparse.Namespace) -> int:
     ]
     for label, value in rows:
         print(f"{label:>20}  {value}")
-    return 0
-
-
-def run_simulate(args: argparse.Namespace) -> int:
-    import yaml
-
-    from wok_operator.api import InferenceService
-    from wok_operator.budget import plan_for_spec
-    from wok_operator.control import LawParams
-    from wok_operator.simulate import plot, simulate
-
-    document = yaml.safe_load(args.spec.read_text()) if args.spec else {}
-    spec = InferenceService.model_validate(document or {}).spec
-    batch_mem = args.batch_mem if args.batch_mem is not None else plan_for_spec(spec).max_batch_size
-    params = LawParams.from_spec(spec, batch_mem=batch_mem)
-    ticks = simulate(
-        params,
-        initial_batch=spec.batching.initial_batch_size,
-        initial_replicas=params.replicas_floor,
-        interval_s=spec.scaling.interval_seconds,
-        slo_window_s=spec.slo.window_seconds,
-    )
-    if args.json:
-        for tick in ticks:
-            print(json.dumps(tick.__dict__))
-    else:
-        print(f"{'t':>6} {'load':>6} {'queue':>7} {'P99':>7} {'batch':>5} {'repl':>4}  decision")
-        shown = None
-        for tick in ticks:
-            if tick.reason.startswith("hold") and shown == (tick.batch, tick.replicas):
-                continue
-            shown = (tick.batch, tick.replicas)
-            print(
-                f"{tick.time_s:6.0f} {tick.arrival_rate:6.1f} {tick.queue_per_replica:7.1f} "
-                f"{tick.p99_seconds:7.2f} {tick.batch:5d} {tick.replicas:4d}  {tick.reason}"
-            )
-    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-    plot(ticks, params, args.plot)
-    print(f"plot: {args.plot}", file=sys.stderr)
     return 0

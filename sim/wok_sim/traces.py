@@ -41,9 +41,9 @@ class Phase:
 # A busy stretch in miniature: quiet, a ramp, a plateau, a ramp down, a quiet tail (15 minutes).
 DEFAULT_SCRIPT = (
     Phase(60, 2.0),
-    Phase(240, 2.0, 30.0),
-    Phase(180, 30.0),
-    Phase(120, 30.0, 2.0),
+    Phase(240, 2.0, 60.0),
+    Phase(180, 60.0),
+    Phase(120, 60.0, 2.0),
     Phase(300, 2.0),
 )
 

@@ -1,0 +1,173 @@
+"""`wok simulate`: every policy on the same arrivals, through the fleet simulator, side by side.
+
+Simulations run in parallel processes (`--jobs`), one per policy variant; each worker builds its
+policies from the registry, so nothing but names crosses the process boundary. The simulator is
+imported only when the command runs: the `wok` CLI must start in images that lack the operator's
+or the runtime's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wok_sim.fleet import FleetConfig
+    from wok_sim.policies import PolicyContext
+    from wok_sim.report import PolicyResult, Slos
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "azure_llm_2023_code.csv"
+DEFAULT_PROFILE = "sim:llama-3-8b-80g"
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="autoscaling policies on a request trace, in the fleet simulator (no cluster)",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace",
+        default=str(DEFAULT_TRACE),
+        help="an Azure CSV or Mooncake .jsonl path, poisson:RATE:SECONDS, or script[:S@R[-R2],…] "
+        "(default: the Azure code trace in bench/traces)",
+    )
+    parser.add_argument("--rate-scale", type=float, default=1.0, metavar="X")
+    parser.add_argument("--rate-mode", choices=("compress", "overlay"), default="overlay")
+    parser.add_argument("--duration", type=float, metavar="S", help="simulate the first S seconds")
+    parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
+    parser.add_argument("--slo-ttft", type=float, default=2.0, metavar="S")
+    parser.add_argument("--slo-tpot", type=float, default=0.1, metavar="S")
+    parser.add_argument("--slo-e2e", type=float, default=None, metavar="S", help="optional")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="a profile path or sim:NAME")
+    parser.add_argument("--policy", default="all", help="all, or NAME[,NAME…]")
+    parser.add_argument("--routing", choices=("random", "least-loaded"), default="random")
+    parser.add_argument("--scrape-interval", type=float, default=5.0, metavar="S")
+    parser.add_argument(
+        "--scrape-failure", type=float, default=0.0, metavar="P", help="per-scrape probability"
+    )
+    parser.add_argument("--max-replicas", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, metavar="DIR", help="write plots here")
+    parser.add_argument("--json", action="store_true", help="machine-readable results")
+    parser.add_argument(
+        "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel simulations"
+    )
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(ctx: PolicyContext, config: FleetConfig, slos: Slos) -> None:
+    _WORKER.update(ctx=ctx, config=config, slos=slos)
+
+
+def _simulate(name: str, index: int) -> PolicyResult:
+    from wok_sim.fleet import simulate_fleet
+    from wok_sim.policies import load_registry
+    from wok_sim.report import summarize
+
+    ctx, config = _WORKER["ctx"], _WORKER["config"]
+    policy = load_registry()[name].variants(ctx)[index]
+    run = simulate_fleet(list(ctx.requests), policy, config)
+    return summarize(name, run, _WORKER["slos"], batch_size=policy.fixed_batch)
+
+
+def run(args: argparse.Namespace) -> int:
+    from wok_sim.fleet import FleetConfig
+    from wok_sim.policies import PolicyContext, load_registry, resolve
+    from wok_sim.profile import load_profile
+    from wok_sim.report import Slos, table, to_json, write_plots
+    from wok_sim.traces import load_trace, scale_rate
+
+    if args.jobs < 1 or args.max_replicas < 1:
+        raise ValueError("--jobs and --max-replicas must be >= 1")
+    profile = load_profile(args.profile)
+    slos = Slos(args.slo_ttft, args.slo_tpot, args.slo_e2e)
+    requests = load_trace(args.trace, seed=args.seed)
+    if args.rate_scale != 1.0:
+        requests = scale_rate(requests, args.rate_scale, mode=args.rate_mode, seed=args.seed)
+    if not 0.0 <= args.scrape_failure < 1.0:
+        raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
+    config = FleetConfig(
+        profile=profile,
+        cold_start_s=args.cold_start,
+        routing=args.routing,
+        scrape_interval_s=args.scrape_interval,
+        scrape_failure_prob=args.scrape_failure,
+        seed=args.seed,
+        duration_s=args.duration,
+    )
+    ctx = PolicyContext(
+        profile=profile,
+        slo_ttft_s=slos.ttft_s,
+        slo_tpot_s=slos.tpot_s,
+        slo_e2e_s=slos.e2e_s,
+        max_replicas=args.max_replicas,
+        batch_mem=profile.kv_capacity_tokens // profile.max_model_len,
+        cold_start_s=args.cold_start,
+        requests=tuple(requests),
+    )
+    names = resolve(args.policy)
+    registry = load_registry()
+    jobs = [(name, i) for name in names for i in range(len(registry[name].variants(ctx)))]
+    results = _run_all(jobs, ctx, config, slos, workers=args.jobs)
+    chosen = []
+    for name in names:
+        variants = [results[(n, i)] for n, i in jobs if n == name]
+        chosen.append(variants[registry[name].pick(variants)])
+    first = chosen[0]
+    print(
+        f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
+        f"{profile.max_model_len}), profile {profile.name}, {len(jobs)} simulation(s); "
+        f"wall time per simulation: "
+        + ", ".join(f"{n}#{i} {results[(n, i)].wall_seconds:.1f}s" for n, i in jobs),
+        file=sys.stderr,
+    )
+    if args.json:
+        print(to_json(chosen))
+    else:
+        print(table(chosen))
+    if args.plot:
+        for path in write_plots(chosen, slos, args.plot):
+            print(f"plot: {path}", file=sys.stderr)
+    return 0
+
+
+def _run_all(
+    jobs: list[tuple[str, int]],
+    ctx: PolicyContext,
+    config: FleetConfig,
+    slos: Slos,
+    *,
+    workers: int,
+) -> dict[tuple[str, int], PolicyResult]:
+    from tqdm import tqdm
+
+    progress = tqdm(total=len(jobs), desc="simulations", unit="run", file=sys.stderr, disable=None)
+    results: dict[tuple[str, int], PolicyResult] = {}
+    if workers == 1 or len(jobs) == 1:
+        _init_worker(ctx, config, slos)
+        for job in jobs:
+            results[job] = _simulate(*job)
+            progress.update()
+    else:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(jobs)),
+            initializer=_init_worker,
+            initargs=(ctx, config, slos),
+        ) as pool:
+            futures = {job: pool.submit(_simulate, *job) for job in jobs}
+            for job, future in futures.items():
+                results[job] = future.result()
+                progress.update()
+    progress.close()
+    return results

@@ -1,0 +1,223 @@
+"""An emulated Prometheus: what the operator's PromQL round would return about the simulated fleet.
+
+Policies must see what they would see in a cluster, not the simulator's ground truth: gauges as of
+the last scrape (every `scrape_interval_s`, the PodMonitor's interval), counters through `rate()`
+over a window, latency percentiles through `histogram_quantile` over the runtime's own buckets
+(imported from `wok_runtime.metrics`, the metric contract), with rejected and timed-out requests
+added to the +Inf bucket of TTFT and E2E as the operator's query does. A pod whose scrape fails has
+no sample that round (Prometheus marks its series stale), so it drops out of the sums and of
+`reporting`.
+
+The result is the operator's own `Round` (vectors keyed by `signals.round_queries` names), so
+`Round.signals` builds the ServiceSignals exactly as in the operator. Simplifications, said once:
+`rate()` is (last − first) / (t_last − t_first) over the samples in the window, without
+Prometheus' extrapolation to the window's edges (percentiles and ratios are unchanged by it); a
+request's metrics count from the first scrape after its last step (a step may end a few ms after a
+scrape that already sees it); dropped requests (work left when a drain ends) are counted nowhere,
+as the runtime aborts them at exit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from wok_operator.signals import Round, ServiceKey, ServiceSignals
+from wok_runtime.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from wok_sim.replica import RequestRecord, SimReplica
+
+SERVICE: ServiceKey = ("sim", "llm")
+QUANTILE = 0.99
+
+# The histograms the operator reads, with the runtime's bucket bounds (+Inf implied).
+HISTOGRAMS: dict[str, tuple[float, ...]] = {
+    "ttft": TTFT_BUCKETS,
+    "e2e": REQUEST_LATENCY_BUCKETS,
+    "inference": REQUEST_LATENCY_BUCKETS,
+    "tpot": ITL_BUCKETS,
+}
+COUNTERS = ("success", "rejected", "prompt_tokens", "generation_tokens")
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float:
+    """Prometheus' `histogram_quantile` over cumulative bucket counts (the last one is +Inf):
+    linear within a bucket, the lowest bucket starting at 0, a rank in +Inf returning the last
+    finite bound; NaN without observations."""
+    if len(cumulative) != len(bounds) + 1:
+        raise ValueError("need one cumulative count per bound plus +Inf")
+    total = cumulative[-1]
+    if not total > 0 or math.isnan(q):
+        return math.nan
+    rank = q * total
+    b = bisect.bisect_left(cumulative, rank)
+    if b >= len(bounds):
+        return bounds[-1]
+    start = 0.0 if b == 0 else bounds[b - 1]
+    below = 0.0 if b == 0 else cumulative[b - 1]
+    count = cumulative[b] - below
+    if count <= 0:
+        return bounds[b]
+    return start + (bounds[b] - start) * (rank - below) / count
+
+
+class _PodCounters:
+    """One pod's cumulative series (histogram buckets non-cumulative here; summed at a scrape)."""
+
+    def __init__(self) -> None:
+        self.buckets = {name: [0] * (len(b) + 1) for name, b in HISTOGRAMS.items()}
+        self.counters = dict.fromkeys(COUNTERS, 0.0)
+        self.cursor = 0  # records of the replica already counted
+
+    def count(self, record: RequestRecord) -> None:
+        if record.outcome in ("rejected", "timeout"):
+            self.counters["rejected"] += 1
+            return
+        if record.outcome != "ok":
+            return
+        self.counters["success"] += 1
+        self.counters["prompt_tokens"] += record.prompt_tokens
+        self.counters["generation_tokens"] += record.output_tokens
+        inference = record.finish_s - (record.first_scheduled_s or record.arrival_s)
+        for name, value in (
+            ("ttft", record.ttft_s),
+            ("e2e", record.e2e_s),
+            ("inference", inference),
+            ("tpot", record.tpot_s),
+        ):
+            if value is not None:
+                # `le` buckets: a value equal to a bound falls in that bound's bucket.
+                self.buckets[name][bisect.bisect_left(HISTOGRAMS[name], value)] += 1
+
+    def snapshot(self) -> tuple[float, ...]:
+        flat: list[float] = []
+        for name in HISTOGRAMS:
+            running = 0
+            for count in self.buckets[name]:
+                running += count
+                flat.append(running)
+        flat.extend(self.counters[name] for name in COUNTERS)
+        return tuple(flat)
+
+
+def _offsets() -> dict[str, int]:
+    offsets, at = {}, 0
+    for name, bounds in HISTOGRAMS.items():
+        offsets[name] = at
+        at += len(bounds) + 1
+    for name in COUNTERS:
+        offsets[name] = at
+        at += 1
+    return offsets
+
+
+OFFSETS = _offsets()
+WIDTH = sum(len(b) + 1 for b in HISTOGRAMS.values()) + len(COUNTERS)
+
+
+@dataclass(frozen=True)
+class Gauges:
+    waiting: float
+    running: float
+    kv_usage: float
+
+
+class EmulatedPrometheus:
+    def __init__(
+        self,
+        *,
+        windows: Iterable[int] = (60,),
+        scrape_failure_prob: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 <= scrape_failure_prob < 1.0:
+            raise ValueError(
+                f"scrape failure probability must be in [0, 1), got {scrape_failure_prob}"
+            )
+        self.windows = sorted(set(windows))
+        self.failure_prob = scrape_failure_prob
+        self._rng = random.Random(seed)
+        self._pods: dict[int, _PodCounters] = {}
+        self._history: dict[int, deque[tuple[float, tuple[float, ...]]]] = {}
+        self.latest: dict[int, Gauges] = {}  # pods whose last scrape succeeded
+
+    def scrape(self, now: float, replicas: Iterable[SimReplica]) -> None:
+        """One scrape round of every pod that exists now (the caller advanced them to `now`)."""
+        seen: dict[int, Gauges] = {}
+        for replica in replicas:
+            pod = self._pods.setdefault(replica.pod, _PodCounters())
+            for record in replica.records[pod.cursor :]:
+                pod.count(record)
+            pod.cursor = len(replica.records)
+            if self.failure_prob and self._rng.random() < self.failure_prob:
+                continue  # no sample this round: its series go stale
+            seen[replica.pod] = Gauges(
+                waiting=replica.num_waiting, running=replica.num_running, kv_usage=replica.kv_usage
+            )
+            self._history.setdefault(replica.pod, deque()).append((now, pod.snapshot()))
+        self.latest = seen
+        horizon = now - max(self.windows) - 1.0
+        for pod_id in list(self._history):
+            samples = self._history[pod_id]
+            while len(samples) > 1 and samples[1][0] <= horizon:
+                samples.popleft()
+
+    def _rates(self, now: float, window: float) -> list[float] | None:
+        """Σ over pods of rate(series[window]) for every series; None when no pod has two
+        samples in the window."""
+        total = [0.0] * WIDTH
+        any_pod = False
+        for samples in self._history.values():
+            inside = [s for s in samples if now - window < s[0] <= now]
+            if len(inside) < 2:
+                continue
+            (t0, first), (t1, last) = inside[0], inside[-1]
+            span = t1 - t0
+            for i in range(WIDTH):
+                total[i] += (last[i] - first[i]) / span
+            any_pod = True
+        return total if any_pod else None
+
+    def round(self, now: float) -> Round:
+        """What the operator's round of `round_queries(windows)` would return now."""
+        vectors: dict[str, dict[ServiceKey, float]] = {}
+
+        def put(name: str, value: float | None) -> None:
+            # The operator drops NaN and ±Inf samples (`parse_vector`); so does this.
+            if value is not None and math.isfinite(value):
+                vectors.setdefault(name, {})[SERVICE] = float(value)
+
+        if self.latest:
+            put("waiting", sum(g.waiting for g in self.latest.values()))
+            put("running", sum(g.running for g in self.latest.values()))
+            put("kv_usage", max(g.kv_usage for g in self.latest.values()))
+            put("reporting", len(self.latest))
+        for window in self.windows:
+            rates = self._rates(now, window)
+            if rates is None:
+                continue
+            misses = rates[OFFSETS["rejected"]]
+            put(f"p99:{window}", self._quantile(rates, "e2e", misses))
+            put(f"p99_ttft:{window}", self._quantile(rates, "ttft", misses))
+            put(f"p99_tpot:{window}", self._quantile(rates, "tpot", 0.0))
+            put(f"p99_service:{window}", self._quantile(rates, "inference", 0.0))
+            success = rates[OFFSETS["success"]]
+            tokens = rates[OFFSETS["prompt_tokens"]] + rates[OFFSETS["generation_tokens"]]
+            put(f"mean_tokens:{window}", tokens / success if success > 0 else math.nan)
+            put(f"finished_rate:{window}", success)
+            put(f"rejected_rate:{window}", misses)
+        return Round(fetched_at=now, vectors=vectors)
+
+    @staticmethod
+    def _quantile(rates: list[float], name: str, misses: float) -> float:
+        bounds = HISTOGRAMS[name]
+        start = OFFSETS[name]
+        cumulative = rates[start : start + len(bounds) + 1]
+        cumulative[-1] += misses  # rejected and timed-out requests join +Inf
+        return histogram_quantile(QUANTILE, bounds, cumulative)
+
+    def signals(self, now: float, window: int) -> ServiceSignals:
+        return self.round(now).signals(SERVICE, window)

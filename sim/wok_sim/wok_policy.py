@@ -1,0 +1,80 @@
+"""The `wok` and `seed` policies: the operator's own control law, driven by the simulator.
+
+No copy of the law: the spec is an `InferenceServiceSpec` (defaults, plus the SLOs and replica
+limits of the run), the parameters come from `LawParams.from_spec`, each tick goes through the
+operator's `observe` (signals and pods → Observation) and `decide` (or `decide_seed`, the design
+brief's plain sign-step, kept for comparison), and the law's memory is carried from tick to tick
+as the operator carries it in status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from wok_operator import control
+from wok_operator.api import InferenceServiceSpec, ScalingSpec, SLOSpec
+from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
+from wok_operator.loop import initial_state, observe
+from wok_sim.policies import PolicyContext, PolicyEntry, register
+from wok_sim.policy import Action, FleetView, Policy
+
+Law = Callable[[LoopState, Observation, LawParams, float], Decision]
+
+
+def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:
+    """The InferenceService of the simulated service: defaults, with the run's SLOs, replica
+    limits (minReplicas 1) and pod start time."""
+    slo: dict[str, Any]
+    if "ttft_p99_seconds" in SLOSpec.model_fields:
+        slo = {
+            "ttft_p99_seconds": ctx.slo_ttft_s,
+            "tpot_p99_seconds": ctx.slo_tpot_s,
+            "e2e_p99_seconds": ctx.slo_e2e_s,
+        }
+    else:  # the spec before per-phase SLOs: one end-to-end P99
+        slo = {"p99_latency_seconds": ctx.slo_e2e_s or 5.0}
+    scaling: dict[str, Any] = {"min_replicas": 1, "max_replicas": ctx.max_replicas}
+    if "pod_start_seconds" in ScalingSpec.model_fields:
+        # The deployment's own start time, as its owner would write it in the spec.
+        scaling["pod_start_seconds"] = round(ctx.cold_start_s)
+    return InferenceServiceSpec.model_validate({"slo": slo, "scaling": scaling})
+
+
+class LawPolicy:
+    """A policy that runs one of the operator's law functions on the operator's observation."""
+
+    fixed_batch: int | None = None
+
+    def __init__(self, name: str, law: Law, ctx: PolicyContext) -> None:
+        spec = simulated_spec(ctx)
+        self.name = name
+        self.law = law
+        self.params = LawParams.from_spec(spec, batch_mem=ctx.batch_mem)
+        self.interval_s = float(spec.scaling.interval_seconds)
+        self.state = initial_state(spec, self.params)
+
+    def start(self) -> Action:
+        return Action(batch=self.state.batch, replicas=self.state.replicas, reason="initial state")
+
+    def decide(self, view: FleetView) -> Action:
+        obs = observe(view.signals, view.pod_views)
+        decision = self.law(self.state, obs, self.params, view.now)
+        self.state = decision.state
+        return Action(batch=decision.batch, replicas=decision.replicas, reason=decision.reason)
+
+
+def _wok(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("wok", decide, ctx)]
+
+
+register("wok", PolicyEntry(variants=_wok))
+
+_seed_law: Law | None = getattr(control, "decide_seed", None)
+if _seed_law is not None:
+    seed_law: Law = _seed_law
+
+    def _seed(ctx: PolicyContext) -> list[Policy]:
+        return [LawPolicy("seed", seed_law, ctx)]
+
+    register("seed", PolicyEntry(variants=_seed))
