@@ -16,8 +16,6 @@ continuous batching it is the share of the cap's slots doing useful work.
 from __future__ import annotations
 
 import argparse
-import csv
-import itertools
 import json
 import math
 import random
@@ -26,9 +24,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from wok_sim.traces import read_azure
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.engine import EngineConfig, RequestOutput, StepStats
@@ -87,35 +86,6 @@ def synthetic_workload(
     return out
 
 
-@dataclass(frozen=True)
-class TraceRow:
-    offset_s: float  # since the first row
-    context_tokens: int
-    generated_tokens: int
-
-
-def read_azure_trace(path: Path, n: int) -> list[TraceRow]:
-    """The first `n` rows of an Azure LLM trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"trace {path} not found")
-    with path.open(newline="") as f:
-        rows = list(itertools.islice(csv.DictReader(f), n))
-    if not rows:
-        raise ValueError(f"trace {path} has no rows")
-    try:
-        times = [datetime.fromisoformat(r["TIMESTAMP"].strip()[:26]) for r in rows]
-        return [
-            TraceRow(
-                offset_s=(t - times[0]).total_seconds(),
-                context_tokens=int(r["ContextTokens"]),
-                generated_tokens=int(r["GeneratedTokens"]),
-            )
-            for t, r in zip(times, rows, strict=True)
-        ]
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"{path} is not an Azure LLM trace CSV: {error}") from error
-
-
 def trace_workload(
     path: Path,
     *,
@@ -131,20 +101,20 @@ def trace_workload(
     of `max_model_len` (the trace's contexts reach 8k; the mix of short and long is what matters);
     outputs keep their length, clipped to what fits. `speedup` divides the inter-arrival times
     (inf: all at once)."""
-    rows = read_azure_trace(path, num_requests)
-    scale = (max_model_len // 2) / max(max(row.context_tokens for row in rows), 1)
+    rows = read_azure(path, num_requests)
+    scale = (max_model_len // 2) / max(max(row.prompt_tokens for row in rows), 1)
     rng = random.Random(seed)
     out = []
     for row in rows:
-        prompt_len = min(max(1, round(row.context_tokens * scale)), max_model_len - 1)
+        prompt_len = min(max(1, round(row.prompt_tokens * scale)), max_model_len - 1)
         limit = max_model_len - prompt_len
         if max_output_len is not None:
             limit = min(limit, max_output_len)
         out.append(
             BenchRequest(
                 prompt_token_ids=_prompt(rng, prompt_len, vocab_size),
-                max_tokens=max(1, min(row.generated_tokens, limit)),
-                arrival_s=row.offset_s / speedup if math.isfinite(speedup) else 0.0,
+                max_tokens=max(1, min(row.output_tokens, limit)),
+                arrival_s=row.arrival_s / speedup if math.isfinite(speedup) else 0.0,
             )
         )
     return out

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from wok_runtime.bench_engine import read_azure_trace
+from wok_sim.traces import read_azure
 
 PROMPT_TOKEN_RANGE = (10, 250)  # ids every vocabulary has (byte-level BPE: the 256 byte tokens)
 BATCH_SIZE_METRIC = "wok_batch_size"
@@ -105,14 +105,14 @@ def trace_specs(
     if speedup <= 0:
         raise ValueError(f"--trace-speedup must be > 0, got {speedup}")
     specs: list[RequestSpec] = []
-    for row in read_azure_trace(Path(path), n):
-        prompt = max(1, row.context_tokens)
-        output = max(1, row.generated_tokens)
+    for row in read_azure(Path(path), n):
+        prompt = max(1, row.prompt_tokens)
+        output = max(1, row.output_tokens)
         if max_input_len:
             prompt = min(prompt, max_input_len)
         if max_output_len:
             output = min(output, max_output_len)
-        specs.append(RequestSpec(row.offset_s / speedup, prompt, output))
+        specs.append(RequestSpec(row.arrival_s / speedup, prompt, output))
     return specs
 
 
