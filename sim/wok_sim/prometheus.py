@@ -23,7 +23,7 @@ import bisect
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from wok_operator.signals import Round, ServiceKey, ServiceSignals
@@ -144,15 +144,19 @@ class EmulatedPrometheus:
         self._history: dict[int, deque[tuple[float, tuple[float, ...]]]] = {}
         self.latest: dict[int, Gauges] = {}  # pods whose last scrape succeeded
 
-    def scrape(self, now: float, replicas: Iterable[SimReplica]) -> None:
-        """One scrape round of every pod that exists now (the caller advanced them to `now`)."""
+    def scrape(
+        self, now: float, replicas: Iterable[SimReplica], *, failed: Collection[int] = ()
+    ) -> None:
+        """One scrape round of every pod that exists now (the caller advanced them to `now`);
+        the pods in `failed`, and each pod with the failure probability, give no sample."""
         seen: dict[int, Gauges] = {}
         for replica in replicas:
             pod = self._pods.setdefault(replica.pod, _PodCounters())
             for record in replica.records[pod.cursor :]:
                 pod.count(record)
             pod.cursor = len(replica.records)
-            if self.failure_prob and self._rng.random() < self.failure_prob:
+            unlucky = self.failure_prob and self._rng.random() < self.failure_prob
+            if unlucky or replica.pod in failed:
                 continue  # no sample this round: its series go stale
             seen[replica.pod] = Gauges(
                 waiting=replica.num_waiting, running=replica.num_running, kv_usage=replica.kv_usage

@@ -191,6 +191,8 @@ class SimReplica:
         """A request arriving now (the caller advanced the replica to its arrival). False: the
         queue is full and it was rejected (429)."""
         now = request.arrival_s
+        if request.prompt_tokens + request.output_tokens > self.profile.max_model_len:
+            raise ValueError(f"request {rid} is longer than max_model_len: clip it first")
         if len(self.waiting) >= self.max_queue:
             self._record_end(_Seq(rid, request, None), now, "rejected")
             return False

@@ -1,0 +1,102 @@
+"""The fleet: cold starts, drains, routing, churn counts, and the operator's own law inside."""
+
+from __future__ import annotations
+
+import pytest
+
+from wok_operator import control, loop
+from wok_sim import wok_policy
+from wok_sim.fleet import FleetConfig, simulate_fleet
+from wok_sim.policies import PolicyContext, load_registry
+from wok_sim.policy import Action, FleetView
+from wok_sim.profile import load_profile
+from wok_sim.traces import TraceRequest, poisson
+
+PROFILE = load_profile("sim:llama-3-8b-80g")
+
+
+class Scripted:
+    """A policy that sets the replica count at given ticks (a real Policy, not a mock)."""
+
+    name = "scripted"
+    interval_s = 5.0
+    fixed_batch = 8
+
+    def __init__(self, start: int, plan: dict[float, int]) -> None:
+        self.first, self.plan = start, plan
+        self.views: list[FleetView] = []
+
+    def start(self) -> Action:
+        return Action(batch=self.fixed_batch, replicas=self.first)
+
+    def decide(self, view: FleetView) -> Action:
+        self.views.append(view)
+        return Action(batch=self.fixed_batch, replicas=self.plan.get(view.now, view.replicas))
+
+
+def context(**overrides: object) -> PolicyContext:
+    values: dict[str, object] = {
+        "profile": PROFILE,
+        "slo_ttft_s": 2.0,
+        "slo_tpot_s": 0.1,
+        "slo_e2e_s": None,
+        "max_replicas": 8,
+        "batch_mem": PROFILE.kv_capacity_tokens // PROFILE.max_model_len,
+        "cold_start_s": 90.0,
+        "requests": (),
+    }
+    values.update(overrides)
+    return PolicyContext(**values)  # type: ignore[arg-type]
+
+
+def test_the_simulator_runs_the_operators_own_law():
+    assert wok_policy.decide is control.decide
+    assert wok_policy.observe is loop.observe
+    policy = load_registry()["wok"].variants(context())[0]
+    assert isinstance(policy, wok_policy.LawPolicy)
+    assert policy.law is control.decide
+    assert policy.params.replicas_max == 8 and policy.params.batch_mem == 54
+
+
+def test_a_new_pod_serves_after_its_cold_start_and_bills_from_creation():
+    requests = [TraceRequest(1.0, 10, 5), TraceRequest(10.0, 10, 5), TraceRequest(30.0, 10, 5)]
+    policy = Scripted(start=0, plan={5.0: 1})
+    run = simulate_fleet(requests, policy, FleetConfig(PROFILE, cold_start_s=20, duration_s=60))
+    assert [r.outcome for r in run.records] == ["rejected", "rejected", "ok"]
+    assert [r.pod for r in run.records] == [-1, -1, 0]  # no ready pod: refused at the gateway
+    assert run.gpu_seconds == pytest.approx(55.0)
+    pending = next(v for v in policy.views if v.now == 10.0).pods
+    assert [(s.pod.pending, s.waiting) for s in pending] == [(True, None)]
+    ready = next(v for v in policy.views if v.now == 25.0).pods  # ready at 5 + 20 s
+    assert [(s.pod.ready, s.waiting) for s in ready] == [(True, 0)]
+
+
+def test_a_removed_pod_drains_then_drops_what_is_left():
+    # Two long answers (about 12 s each), one per pod; at 5 s one pod is removed with a 2 s drain.
+    requests = [TraceRequest(0.0, 100, 2000), TraceRequest(0.0, 100, 2000)]
+    config = FleetConfig(PROFILE, routing="least-loaded", drain_s=2.0, duration_s=60)
+    run = simulate_fleet(requests, Scripted(start=2, plan={5.0: 1}), config)
+    assert sorted(r.outcome for r in run.records) == ["dropped", "ok"]
+    dropped = next(r for r in run.records if r.outcome == "dropped")
+    assert dropped.finish_s == pytest.approx(7.0)
+    assert 0 < dropped.output_tokens < 2000
+    assert run.gpu_seconds == pytest.approx(7.0 + 60.0)
+    assert (run.scale_events, run.flips) == (1, 0)
+
+
+def test_least_loaded_routing_spreads_and_churn_is_counted():
+    requests = [TraceRequest(0.0, 100, 500)] * 4
+    config = FleetConfig(PROFILE, routing="least-loaded", duration_s=30, cold_start_s=0)
+    run = simulate_fleet(requests, Scripted(start=2, plan={5.0: 3, 10.0: 2, 15.0: 3}), config)
+    assert sorted(r.pod for r in run.records) == [0, 0, 1, 1]
+    assert (run.scale_events, run.flips) == (3, 2)
+
+
+def test_the_wok_policy_on_a_short_load_accounts_for_every_request():
+    requests = poisson(20.0, 120.0, seed=3)
+    policy = load_registry()["wok"].variants(context(requests=tuple(requests)))[0]
+    run = simulate_fleet(requests, policy, FleetConfig(PROFILE, seed=3))
+    assert [r.request_id for r in run.records] == list(range(len(requests)))
+    assert {r.outcome for r in run.records} <= {"ok", "rejected", "timeout", "dropped"}
+    assert len(run.timeline) >= 120 / policy.interval_s - 1
+    assert run.timeline[-1].p99_ttft_s is not None  # the policy saw TTFT through Prometheus

@@ -1,0 +1,126 @@
+"""Trace readers and rate scaling of the fleet simulator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from wok_sim.traces import (
+    OVERLAY_JITTER_S,
+    TraceRequest,
+    clip_to_model,
+    load_trace,
+    poisson,
+    read_azure,
+    read_mooncake,
+    scale_rate,
+)
+
+AZURE_HEAD = Path(__file__).parents[1] / "data" / "azure_llm_2023_code_head.csv"
+
+
+def test_azure_reader_on_the_real_trace_head():
+    rows = read_azure(AZURE_HEAD)
+    assert len(rows) == 400
+    assert rows[0] == TraceRequest(0.0, 4808, 10)
+    assert rows[1].arrival_s == pytest.approx(0.052)  # 18:17:04.03196 - 18:17:03.97996
+    assert all(b.arrival_s >= a.arrival_s for a, b in itertools.pairwise(rows))
+    assert len(read_azure(AZURE_HEAD, limit=7)) == 7
+
+
+def test_mooncake_reader(tmp_path):
+    path = tmp_path / "t.jsonl"
+    lines = [
+        {"timestamp": 3000, "input_length": 10, "output_length": 2},
+        {"timestamp": 1000, "input_length": 5, "output_length": 1, "hash_ids": [1]},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert read_mooncake(path) == [TraceRequest(0.0, 5, 1), TraceRequest(2.0, 10, 2)]
+    assert load_trace(str(path)) == read_mooncake(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "reader"),
+    [
+        ("bad.csv", "a,b\n1,2\n", read_azure),
+        ("bad.jsonl", '{"timestamp": 1}\n', read_mooncake),
+        ("empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", read_azure),
+    ],
+)
+def test_malformed_traces_are_value_errors(tmp_path, name, text, reader):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=str(path)):
+        reader(path)
+
+
+def test_a_missing_trace_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_trace(str(tmp_path / "nope.csv"))
+
+
+def test_poisson_is_seeded_and_has_its_rate():
+    a = poisson(10.0, 200.0, seed=4)
+    assert a == poisson(10.0, 200.0, seed=4)
+    assert a != poisson(10.0, 200.0, seed=5)
+    assert len(a) == pytest.approx(2000, rel=0.07)
+    assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in a)
+
+
+def test_compress_divides_arrival_times():
+    rows = [TraceRequest(0.0, 1, 1), TraceRequest(30.0, 2, 3)]
+    assert scale_rate(rows, 3.0, mode="compress") == [
+        TraceRequest(0.0, 1, 1),
+        TraceRequest(10.0, 2, 3),
+    ]
+
+
+def test_overlay_keeps_the_clock_and_adds_jittered_copies():
+    rows = read_azure(AZURE_HEAD)
+    span = rows[-1].arrival_s
+    scaled = scale_rate(rows, 2.5, mode="overlay", seed=1)
+    # 1.5 copies on average: one each, plus one more for about half of them.
+    assert len(scaled) == pytest.approx(2.5 * len(rows), rel=0.05)
+    assert min(r.arrival_s for r in scaled) >= 0.0 and max(r.arrival_s for r in scaled) <= span
+    assert sorted(r.arrival_s for r in scaled) == [r.arrival_s for r in scaled]
+    originals = {(r.prompt_tokens, r.output_tokens) for r in rows}
+    assert {(r.prompt_tokens, r.output_tokens) for r in scaled} == originals
+    assert scaled == scale_rate(rows, 2.5, mode="overlay", seed=1)
+    # Every copy sits within the jitter of some original with its lengths.
+    by_lengths: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        by_lengths.setdefault((r.prompt_tokens, r.output_tokens), []).append(r.arrival_s)
+    for r in scaled:
+        times = by_lengths[(r.prompt_tokens, r.output_tokens)]
+        assert min(abs(r.arrival_s - t) for t in times) <= OVERLAY_JITTER_S + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("factor", "mode"), [(0.0, "compress"), (-1.0, "overlay"), (0.5, "overlay"), (2.0, "x")]
+)
+def test_bad_scaling_is_a_value_error(factor, mode):
+    with pytest.raises(ValueError):
+        scale_rate([TraceRequest(0.0, 1, 1)], factor, mode=mode)
+
+
+def test_clip_to_model():
+    rows = [TraceRequest(0.0, 100, 5), TraceRequest(1.0, 10, 60), TraceRequest(2.0, 3, 0)]
+    clipped, count = clip_to_model(rows, 64)
+    assert clipped == [
+        TraceRequest(0.0, 63, 1),  # prompt to max_model_len - 1, output to what fits
+        TraceRequest(1.0, 10, 54),
+        TraceRequest(2.0, 3, 1),  # at least one token is always generated
+    ]
+    assert count == 3
+
+
+def test_scripts_parse():
+    rows = load_trace("script:10@2,10@2-0", seed=3)
+    assert all(0 <= r.arrival_s < 20 for r in rows)
+    with pytest.raises(ValueError, match="SECONDS@RATE"):
+        load_trace("script:abc")
+    with pytest.raises(ValueError, match="poisson:RATE:SECONDS"):
+        load_trace("poisson:3")
