@@ -128,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
         f"{profile.max_model_len}), profile {profile.name}, {len(jobs)} simulation(s); "
-        f"wall time per simulation: "
-        + ", ".join(f"{n}#{i} {results[(n, i)].wall_seconds:.1f}s" for n, i in jobs),
+        "per simulation: "
+        + ", ".join(
+            f"{n}#{i} {results[(n, i)].wall_seconds:.1f} s ({results[(n, i)].steps:,} steps)"
+            for n, i in jobs
+        ),
         file=sys.stderr,
     )
     if args.json:
