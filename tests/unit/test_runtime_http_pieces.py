@@ -34,6 +34,7 @@ def test_metric_names_are_the_contract():
         "vllm:kv_cache_usage_perc": "gauge",
         "vllm:time_to_first_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:request_time_per_output_token_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram",
         "vllm:request_queue_time_seconds": "histogram",
         "vllm:request_inference_time_seconds": "histogram",
@@ -128,6 +129,9 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     assert s['vllm:time_to_first_token_seconds_sum{model_name="tiny"}'] == 1.0
     assert s['vllm:request_queue_time_seconds_sum{model_name="tiny"}'] == 0.5
     assert s['vllm:e2e_request_latency_seconds_sum{model_name="tiny"}'] == 2.0
+    # (last token 12.0 - first token 11.0) / (3 tokens - 1)
+    assert s['vllm:request_time_per_output_token_seconds_sum{model_name="tiny"}'] == 0.5
+    assert s['vllm:request_time_per_output_token_seconds_count{model_name="tiny"}'] == 1
     assert s['vllm:inter_token_latency_seconds_count{model_name="tiny"}'] == 2
     assert s['vllm:generation_tokens_total{model_name="tiny"}'] == 3
     assert s['vllm:request_success_total{finished_reason="length",model_name="tiny"}'] == 1
@@ -330,3 +334,23 @@ def test_chat_prompt_uses_the_template_or_the_documented_fallback():
     with pytest.raises(APIError) as caught:
         _format_chat_prompt(_tokenizer(broken), messages, True)
     assert caught.value.status == 400
+
+
+def test_incremental_text_is_the_full_decode_and_decodes_a_window_only():
+    from wok_runtime.builtin import ensure_builtin_tokenizer
+    from wok_runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(ensure_builtin_tokenizer("tiny"))
+    ids = tokenizer.encode("naïve café — 東京 🍜 " * 40)
+    decoded = 0
+
+    def counting_decode(part: list[int]) -> str:
+        nonlocal decoded
+        decoded += len(part)
+        return tokenizer.decode(part)
+
+    text = IncrementalText(counting_decode, [])
+    shown = "".join(text.add([t]) for t in ids) + text.add([], final=True)
+    assert shown == tokenizer.decode(ids)
+    assert "\ufffd" not in shown
+    assert decoded < 12 * len(ids)  # re-decoding everything each time would be len² / 2
