@@ -15,6 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wok_sim import plan_cli
+
 if TYPE_CHECKING:
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
@@ -31,6 +33,7 @@ def register(commands: Any) -> None:
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
+    plan_cli.register(commands)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
