@@ -119,7 +119,7 @@ def test_minimal_example_lifecycle(operator, crds, wok_namespace):
         ns,
         "--type=merge",
         "-p",
-        '{"spec": {"slo": {"p99LatencySeconds": 9}}}',
+        '{"spec": {"slo": {"ttftP99Seconds": 9}}}',
     )
     wait_for(
         lambda: (

@@ -118,10 +118,17 @@ class RuntimeSpec(ApiModel):
 class BatchingSpec(ApiModel):
     mode: Literal["continuous", "static", "serial"] = "continuous"
     min_batch_size: int = Field(default=1, ge=1, le=4096)
-    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    max_batch_size: int = Field(
+        default=256, ge=1, le=4096, description="B_max; the memory budget (B_mem) caps it too."
+    )
     initial_batch_size: int = Field(default=8, ge=1, le=4096)
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
-    step: int = Field(default=4, ge=1, le=1024, description="η_B: batch change per control tick.")
+    step: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="η_B: the batch step per control tick (doubles while the direction repeats).",
+    )
     max_num_batched_tokens: int = Field(default=2048, ge=16, le=1 << 20)
 
 
@@ -175,16 +182,50 @@ class MemorySpec(ApiModel):
 class ScalingSpec(ApiModel):
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=4, ge=0, le=1000)
-    step: int = Field(default=1, ge=1, le=100, description="η_R: replica change per decision.")
-    target_queue_per_replica: float = Field(default=4.0, ge=0, description="Q*.")
+    max_step: int = Field(
+        default=4, ge=1, le=100, description="The most replicas one decision adds or removes."
+    )
+    target_utilization: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="ρ: the share of each pod's batch slots that demand may fill; the rest is "
+        "headroom for bursts while new pods start.",
+    )
+    target_queue_per_replica: float = Field(
+        default=2.0, ge=0, description="Q*: a longer queue raises the batch (TPOT permitting)."
+    )
     deadband: float = Field(default=1.0, ge=0, description="|Q − Q*| within this holds.")
-    scale_up_stabilization_seconds: int = Field(default=15, ge=0, le=3600)
-    scale_down_stabilization_seconds: int = Field(default=120, ge=0, le=86_400)
+    scale_up_stabilization_seconds: int = Field(
+        default=10, ge=0, le=3600, description="Demand must ask for more pods this long."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=180, ge=0, le=86_400, description="Demand must ask for fewer pods this long."
+    )
+    pod_start_seconds: int = Field(
+        default=90,
+        ge=0,
+        le=3600,
+        description="How long a new pod takes to serve (image, weights): a windowed latency "
+        "signal waits this long plus the SLO window before asking for another pod.",
+    )
     interval_seconds: int = Field(default=5, ge=1, le=3600)
 
 
 class SLOSpec(ApiModel):
-    p99_latency_seconds: float = Field(default=5.0, gt=0, le=3600)
+    ttft_p99_seconds: float = Field(
+        default=2.0, gt=0, le=3600, description="P99 time to first token; rejections miss it."
+    )
+    tpot_p99_seconds: float = Field(
+        default=0.1, gt=0, le=60, description="P99 of each request's mean time per output token."
+    )
+    e2e_p99_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        alias="e2eP99Seconds",  # to_camel would say e2EP99Seconds
+        description="Optional P99 end-to-end latency.",
+    )
     window_seconds: int = Field(default=60, ge=10, le=86_400)
 
 
@@ -282,10 +323,15 @@ class MemoryStatus(ApiModel):
 
 class DecisionInputs(ApiModel):
     queue_per_replica: float | None = None
+    running_per_replica: float | None = None
+    p99_ttft_seconds: float | None = None
+    p99_tpot_seconds: float | None = None
     p99_seconds: float | None = None
     kv_usage: float | None = None
     ready_replicas: int = 0
     pending_replicas: int = 0
+    reporting_replicas: int | None = None
+    desired_replicas: int | None = None
 
 
 class Change(ApiModel):
@@ -302,13 +348,16 @@ class LastDecision(ApiModel):
 
 
 class LoopMemory(ApiModel):
-    """When the queue turned long or short and when each knob last moved (Unix seconds)."""
+    """The law's memory besides the knobs (`control.LoopState`); times are Unix seconds."""
 
-    queue_high_since: float | None = None
-    queue_low_since: float | None = None
-    slo_breached_since: float | None = None
-    last_batch_increase: float | None = None
+    batch_direction: int = 0
+    batch_run: int = 0
     last_batch_decrease: float | None = None
+    up_since: float | None = None
+    up_target: int | None = None
+    down_since: float | None = None
+    down_target: int | None = None
+    last_scale_up: float | None = None
     last_replica_change: float | None = None
 
 

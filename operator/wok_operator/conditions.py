@@ -15,6 +15,7 @@ SLO_BREACHED = "SLOBreached"
 MEMORY_BOUND = "MemoryBound"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 PODS_PENDING = "PodsPending"
+SLO_UNATTAINABLE = "SLOUnattainable"
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -1,27 +1,39 @@
-"""The control law: the clipped sign-step rule that moves batch size and replicas.
+"""The control law: the batch size (the fast knob) and the replica count (the slow knob).
 
-One pure function, `decide`, with no I/O: the operator, `wok simulate` and the tests all call it.
-Every `interval` seconds, for a queue Q (waiting requests per ready replica) and target Q*:
+One pure function, `decide`, with no I/O: the operator, the fleet simulator (`wok simulate`) and the
+tests all call it. `decide_seed` keeps the design brief's plain sign-step for comparison.
 
-    B ← clip(B + η_B · sign(Q − Q*), B_min, min(B_max, B_mem))
-    R ← clip(R + η_R · sign(·),       R_min, R_max)
+The batch keeps the brief's clipped sign-step, on what the batch controls:
 
-with what production autoscalers learned the hard way:
-- a deadband: |Q − Q*| ≤ deadband holds, so noise around the target moves nothing;
-- fast up, slow down: the batch rises at once; for a short queue it falls one step per
-  scale-down window (a high cap costs nothing while the queue is short: it is only an admission
-  limit); a full KV cache lowers it at once;
-- an SLO breach never raises the batch. It lowers it (one step per scale-up window, since P99
-  lags by its window) only when the service time itself breaks the SLO; a breach made of
-  queueing holds the batch and adds replicas, because shrinking the batch would only lengthen the
-  queue, a death spiral that `wok simulate` shows;
-  replicas rise after the scale-up window and fall only after the scale-down window;
-- the cascade guard: no replica scale-up while pods are still pending (they are the scale-up);
-- a scale-down must fit: replicas fall only if the rest, at the batch cap, would hold the load
-  with the queue within target (else up and down would alternate forever), and never in the same
-  tick as the batch;
-- no data, no action: a missing or NaN queue holds everything, and nothing ever goes to zero on
-  missing data; the batch is never above B_mem, whatever the input.
+    B ← clip(B + η · sign(e), B_min, min(B_max, B_mem))
+
+    e < 0  when the P99 time per output token (TPOT) breaks its SLO: a bigger batch makes every step
+           slower, so the batch is the knob that fixes it;
+    e > 0  when requests queue (Q > Q* + deadband) and TPOT has headroom: a bigger batch admits
+           them;
+    e = 0  otherwise. A KV cache past its ceiling holds the batch: the pod is at its cap (it holds
+           what memory allows) and the replicas take the rest. Latency that comes from output
+           length (end-to-end time of long answers) never moves the batch.
+
+η doubles while the direction repeats (1, 2, 4, … × η_B, at most the distance to the bound) and
+falls back to η_B when it changes or holds, so a cold start reaches its working batch in a few ticks
+and a breach is still corrected one step at a time; a decrease waits `scale_up_window` for the last
+one to show in the windowed P99.
+
+The replicas follow the measured demand (Little's law on the gauges, not on a lagging P99):
+
+    demand   L = running + waiting (requests in the pods; a pod that failed its scrape counts full)
+    capacity C = the batch a pod can run: the cap the batch is heading for while TPOT has headroom,
+                 the current batch when TPOT binds, fewer when the KV cache binds first
+    R*       = ceil(L / (ρ · C))        with ρ = target utilization
+
+R rises to R* at once (at most `max_step` per tick) once R* > R has held for `scale_up_window`;
+pods already starting count as capacity on its way (R includes them), so a scale-up never repeats
+while it is still arriving. A TTFT breach while requests queue adds one replica if demand did not
+(uneven routing), but only after the last scale-up had a pod start and an SLO window to show.
+R falls only when R* < R has held for `scale_down_window`, to the largest R* seen in that window,
+with the SLOs met. Missing metrics hold everything; nothing scales to zero on missing data; the
+batch is never above B_mem.
 """
 
 from __future__ import annotations
@@ -40,25 +52,32 @@ class LawParams:
     batch_step: int
     replicas_min: int
     replicas_max: int
-    replicas_step: int
+    replicas_max_step: int
     target_queue: float
     deadband: float
-    slo_p99_seconds: float
+    target_utilization: float
+    slo_ttft_s: float
+    slo_tpot_s: float
+    slo_e2e_s: float | None
     kv_usage_ceiling: float
     scale_up_window_s: float
     scale_down_window_s: float
+    slo_window_s: float = 60.0
+    pod_start_s: float = 90.0  # how long a new pod takes to serve: its step shows after this
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
             raise ValueError("need 1 <= batch_min <= batch_max")
-        if self.batch_mem < 0 or self.batch_step < 1 or self.replicas_step < 1:
+        if self.batch_mem < 0 or self.batch_step < 1 or self.replicas_max_step < 1:
             raise ValueError("batch_mem must be >= 0 and steps >= 1")
         if not 0 <= self.replicas_min <= self.replicas_max:
             raise ValueError("need 0 <= replicas_min <= replicas_max")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError("target_utilization must be in (0, 1]")
 
     @classmethod
     def from_spec(cls, spec: InferenceServiceSpec, *, batch_mem: int) -> LawParams:
-        b, s = spec.batching, spec.scaling
+        b, s, slo = spec.batching, spec.scaling, spec.slo
         return cls(
             batch_min=b.min_batch_size,
             batch_max=b.max_batch_size,
@@ -66,13 +85,18 @@ class LawParams:
             batch_step=b.step,
             replicas_min=s.min_replicas,
             replicas_max=s.max_replicas,
-            replicas_step=s.step,
+            replicas_max_step=s.max_step,
             target_queue=s.target_queue_per_replica,
             deadband=s.deadband,
-            slo_p99_seconds=spec.slo.p99_latency_seconds,
+            target_utilization=s.target_utilization,
+            slo_ttft_s=slo.ttft_p99_seconds,
+            slo_tpot_s=slo.tpot_p99_seconds,
+            slo_e2e_s=slo.e2e_p99_seconds,
             kv_usage_ceiling=spec.memory.kv_usage_ceiling,
             scale_up_window_s=s.scale_up_stabilization_seconds,
             scale_down_window_s=s.scale_down_stabilization_seconds,
+            slo_window_s=slo.window_seconds,
+            pod_start_s=s.pod_start_seconds,
         )
 
     @property
@@ -98,14 +122,16 @@ class LawParams:
 
 @dataclass(frozen=True)
 class Observation:
-    queue_per_replica: float | None
-    p99_seconds: float | None
-    kv_usage: float | None
+    queue_per_replica: float | None  # waiting requests per reporting pod
+    kv_usage: float | None  # the fullest pod's KV cache (0..1)
     ready_replicas: int
     pending_replicas: int
-    # P99 of the time after admission (e2e minus queueing): the part the batch size controls.
-    p99_service_seconds: float | None = None
     running_per_replica: float | None = None
+    p99_ttft_seconds: float | None = None  # rejected and timed-out requests count as misses
+    p99_tpot_seconds: float | None = None
+    p99_seconds: float | None = None  # end to end, misses included
+    p99_service_seconds: float | None = None  # first scheduled to last token
+    reporting_replicas: int | None = None  # ready pods whose metrics came in (None: all)
 
 
 @dataclass(frozen=True)
@@ -114,11 +140,14 @@ class LoopState:
 
     batch: int
     replicas: int
-    queue_high_since: float | None = None
-    queue_low_since: float | None = None
-    slo_breached_since: float | None = None
-    last_batch_increase: float | None = None
+    batch_direction: int = 0  # the last batch step's sign, for the doubling step
+    batch_run: int = 0  # how many steps in a row went that way
     last_batch_decrease: float | None = None
+    up_since: float | None = None  # since when demand has asked for more replicas
+    up_target: int | None = None  # the smallest ask in that time (a spike must persist)
+    down_since: float | None = None  # since when demand has asked for fewer replicas
+    down_target: int | None = None  # the largest ask in that time (scale down to it)
+    last_scale_up: float | None = None
     last_replica_change: float | None = None
 
 
@@ -133,163 +162,261 @@ class Decision:
     slo_breached: bool = False
     memory_bound: bool = False
     metrics_missing: bool = False
+    desired_replicas: int | None = None  # R*, what demand asks for
+    unattainable: str | None = None  # an SLO no batch size can meet, and why
 
     @property
     def changed(self) -> bool:
         return (self.batch, self.replicas) != (self.batch_before, self.replicas_before)
 
 
-def _sign(x: float) -> int:
-    return (x > 0) - (x < 0)
-
-
 def _known(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _since(start: float | None, now: float, condition: bool) -> float | None:
-    if not condition:
-        return None
-    return now if start is None else start
+def _above(value: float | None, limit: float | None) -> bool:
+    return limit is not None and _known(value) and value > limit  # type: ignore[operator]
 
 
-def _fits_on(
-    fewer: int, replicas: int, queue: float, running: float | None, params: LawParams
-) -> bool:
-    """Would `fewer` replicas, at the batch cap, keep the queue within target? (Unknown: yes.)"""
-    if running is None or not math.isfinite(running):
-        return True
-    demand_per_replica = (queue + running) * replicas / max(fewer, 1)
-    return demand_per_replica <= params.batch_cap + params.target_queue
+def _quiet_since(last: float | None, now: float, window: float) -> bool:
+    return last is None or now - last >= window
 
 
-def _quiet_since(last_change: float | None, now: float, window: float) -> bool:
-    return last_change is None or now - last_change >= window
+def _holding(
+    state: LoopState, batch: int, replicas: int, why: str, *, memory_bound: bool
+) -> Decision:
+    held = replace(state, batch=batch, replicas=replicas, batch_direction=0, batch_run=0)
+    return Decision(
+        batch_before=state.batch,
+        batch=batch,
+        replicas_before=state.replicas,
+        replicas=replicas,
+        reason=f"holding: {why}",
+        state=held,
+        metrics_missing=True,
+        memory_bound=memory_bound,
+    )
 
 
-def _held_for(start: float | None, now: float, window: float) -> bool:
-    return start is not None and now - start >= window
+@dataclass(frozen=True)
+class _BatchStep:
+    batch: int
+    direction: int
+    run: int
+    why: str
+
+
+def _batch_step(
+    state: LoopState, batch: int, obs: Observation, p: LawParams, now: float
+) -> _BatchStep:
+    """The sign-step on the batch, with the step doubling while its direction repeats."""
+    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
+    tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
+    tpot_headroom = not _known(obs.p99_tpot_seconds) or not _above(
+        obs.p99_tpot_seconds, 0.8 * p.slo_tpot_s
+    )
+    kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
+    direction, why = 0, ""
+    if tpot_breached:
+        if _quiet_since(state.last_batch_decrease, now, p.scale_up_window_s):
+            direction = -1
+            why = f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s"
+        else:
+            why = "P99 TPOT above SLO, waiting for the last step to show"
+    elif kv_full:
+        why = f"KV usage {obs.kv_usage:.0%} > ceiling {p.kv_usage_ceiling:.0%}: pods at their cap"
+    elif queue > p.target_queue + p.deadband and tpot_headroom:
+        direction = 1
+        why = f"queue {queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g} with TPOT headroom"
+    elif queue > p.target_queue + p.deadband:
+        why = "queue long but TPOT near its SLO"
+    if direction == 0:
+        return _BatchStep(batch, 0, 0, why)
+    run = state.batch_run + 1 if direction == state.batch_direction else 1
+    # Down steps stay η: each waits for the windowed P99 anyway. Up steps double while they repeat.
+    step = p.batch_step if direction < 0 else p.batch_step * 2 ** min(run - 1, 10)
+    new_batch = p.clip_batch(batch + direction * step)
+    if new_batch == batch:
+        bound = "cap" if direction > 0 else "floor"
+        return _BatchStep(batch, 0, 0, f"{why}; batch at its {bound} {batch}")
+    return _BatchStep(new_batch, direction, run, why)
+
+
+def _capacity_per_replica(
+    batch: int, batch_moving_up: bool, obs: Observation, p: LawParams
+) -> float:
+    """Sequences one pod can run at the operating point the batch is heading for."""
+    tpot_binds = _above(obs.p99_tpot_seconds, 0.8 * p.slo_tpot_s)
+    capacity = float(batch if tpot_binds or not batch_moving_up else p.batch_cap)
+    if (
+        _known(obs.kv_usage)
+        and obs.kv_usage > 0.05  # type: ignore[operator]
+        and _known(obs.running_per_replica)
+        and obs.running_per_replica > 0  # type: ignore[operator]
+    ):
+        # KV binds before the batch: a pod holds what memory allows (the fullest pod's usage).
+        by_memory = obs.running_per_replica * p.kv_usage_ceiling / obs.kv_usage  # type: ignore[operator]
+        capacity = min(capacity, by_memory)
+    return max(capacity, 1.0)
+
+
+def _desired_replicas(capacity: float, obs: Observation, p: LawParams) -> tuple[int, float]:
+    ready = obs.ready_replicas
+    reporting = ready if obs.reporting_replicas is None else min(obs.reporting_replicas, ready)
+    running = obs.running_per_replica if _known(obs.running_per_replica) else 0.0
+    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
+    # A ready pod whose scrape failed is counted as full: the queue must not look short exactly
+    # when a pod is overloaded.
+    demand = (running + queue) * reporting + (ready - reporting) * capacity  # type: ignore[operator]
+    return math.ceil(demand / (p.target_utilization * capacity) - 1e-9), demand
 
 
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
     """One tick of the law: the next batch size and replica count, and why."""
-    cap, floor = params.batch_cap, params.batch_floor
-    batch = params.clip_batch(state.batch)
-    replicas = params.clip_replicas(state.replicas)
+    p = params
+    batch = p.clip_batch(state.batch)
+    replicas = p.clip_replicas(state.replicas)
+    memory_bound = p.batch_mem < p.batch_max
     notes: list[str] = []
     if batch != state.batch:
-        notes.append(f"batch clipped to [{floor}, {cap}]")
+        notes.append(f"batch clipped to [{p.batch_floor}, {p.batch_cap}]")
     if replicas != state.replicas:
-        notes.append(f"replicas clipped to [{params.replicas_floor}, {params.replicas_max}]")
-    memory_bound = params.batch_mem < params.batch_max
-
-    if not _known(obs.queue_per_replica) or obs.ready_replicas < 1:
+        notes.append(f"replicas clipped to [{p.replicas_floor}, {p.replicas_max}]")
+    if not _known(obs.queue_per_replica) or obs.ready_replicas < 1 or obs.reporting_replicas == 0:
         why = "no ready replicas" if obs.ready_replicas < 1 else "queue metric missing"
-        held = replace(state, batch=batch, replicas=replicas)
-        return Decision(
-            batch_before=state.batch,
-            batch=batch,
-            replicas_before=state.replicas,
-            replicas=replicas,
-            reason="; ".join([f"holding: {why}", *notes]),
-            state=held,
-            metrics_missing=True,
-            memory_bound=memory_bound and batch >= cap,
+        decision = _holding(
+            state,
+            batch,
+            replicas,
+            "; ".join([why, *notes]),
+            memory_bound=memory_bound and batch >= p.batch_cap,
+        )
+        return decision
+
+    step = _batch_step(state, batch, obs, p, now)
+    capacity = _capacity_per_replica(step.batch, step.direction > 0, obs, p)
+    desired, demand = _desired_replicas(capacity, obs, p)
+    desired = p.clip_replicas(desired)
+    ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
+    tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
+    queueing = obs.queue_per_replica > 0  # type: ignore[operator]
+    demand_text = f"demand {demand:.0f} seqs, {capacity:.0f}/pod at ρ {p.target_utilization:g}"
+
+    up_since = (
+        (state.up_since if state.up_since is not None else now) if desired > replicas else None
+    )
+    up_target = min(desired, state.up_target or desired) if up_since is not None else None
+    down_since = (
+        (state.down_since if state.down_since is not None else now) if desired < replicas else None
+    )
+    down_target = max(desired, state.down_target or desired) if down_since is not None else None
+
+    new_replicas, replicas_why = replicas, ""
+    # A lagging signal (windowed P99) may ask again only once the last step could show in it.
+    settled = _quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s)
+    if up_since is not None and up_target is not None and now - up_since >= p.scale_up_window_s:
+        new_replicas = min(up_target, replicas + p.replicas_max_step)
+        replicas_why = f"R* {desired} > {replicas} ({demand_text})"
+    elif (
+        ttft_breached and queueing and settled and replicas < p.replicas_max and desired >= replicas
+    ):
+        new_replicas = replicas + 1
+        replicas_why = f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a queue"
+    elif (
+        down_since is not None
+        and down_target is not None
+        and now - down_since >= p.scale_down_window_s
+        and not (ttft_breached or tpot_breached)
+        and step.direction == 0
+    ):
+        new_replicas = max(down_target, replicas - p.replicas_max_step)
+        replicas_why = (
+            f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand_text})"
+        )
+    new_replicas = p.clip_replicas(new_replicas)
+    if new_replicas != replicas:
+        up_since = up_target = down_since = down_target = None
+    if obs.pending_replicas and new_replicas > replicas:
+        notes.append(f"{obs.pending_replicas} pod(s) still starting count as capacity")
+
+    unattainable = None
+    if tpot_breached and batch <= p.batch_floor:
+        unattainable = (
+            f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the smallest "
+            f"batch {p.batch_floor}: no batch size meets it"
+        )
+    elif p.slo_e2e_s is not None and _above(obs.p99_service_seconds, p.slo_e2e_s) and not queueing:
+        unattainable = (
+            f"P99 service time {obs.p99_service_seconds:.2f}s > E2E SLO {p.slo_e2e_s:g}s without "
+            "queueing: output lengths, not the batch, set it"
         )
 
-    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
-    high = queue > params.target_queue + params.deadband
-    low = queue < params.target_queue - params.deadband
-    slo_breached = _known(obs.p99_seconds) and obs.p99_seconds > params.slo_p99_seconds  # type: ignore[operator]
-    kv_full = _known(obs.kv_usage) and obs.kv_usage > params.kv_usage_ceiling  # type: ignore[operator]
-    high_since = _since(state.queue_high_since, now, high)
-    low_since = _since(state.queue_low_since, now, low)
-    breached_since = _since(state.slo_breached_since, now, slo_breached)
-    queue_text = f"queue {queue:.1f}/replica vs target {params.target_queue:g}±{params.deadband:g}"
-
-    # Batch: down at once for safety, up at once for load, down for a short queue only slowly.
-    batch_dir, batch_why = 0, ""
-    service_within_slo = (
-        _known(obs.p99_service_seconds) and obs.p99_service_seconds <= params.slo_p99_seconds  # type: ignore[operator]
-    )
-    if slo_breached and (service_within_slo or (high and not _known(obs.p99_service_seconds))):
-        # Latency from queueing, not from batching: a smaller batch would only lengthen the
-        # queue (a death spiral), so the batch holds and replicas take the load.
-        batch_why = f"P99 {obs.p99_seconds:.2f}s > SLO {params.slo_p99_seconds:g}s from queueing"
-    elif (
-        slo_breached
-        and state.last_batch_decrease is not None
-        and now - state.last_batch_decrease < params.scale_up_window_s
-    ):
-        # P99 lags the batch by its window: give the last step time to show before another.
-        batch_why = f"P99 {obs.p99_seconds:.2f}s > SLO, waiting for the last step to show"
-    elif slo_breached:
-        batch_dir = -1
-        batch_why = f"P99 {obs.p99_seconds:.2f}s > SLO {params.slo_p99_seconds:g}s"
-    elif kv_full:
-        batch_dir = -1
-        batch_why = f"KV usage {obs.kv_usage:.0%} > ceiling {params.kv_usage_ceiling:.0%}"
-    elif high:
-        batch_dir, batch_why = 1, queue_text
-    elif (
-        low
-        and _held_for(low_since, now, params.scale_down_window_s)
-        and _quiet_since(state.last_batch_increase, now, params.scale_down_window_s)
-        and _quiet_since(state.last_batch_decrease, now, params.scale_down_window_s)
-    ):
-        batch_dir = -1
-        batch_why = f"{queue_text} for {params.scale_down_window_s:g}s"
-    new_batch = params.clip_batch(batch + params.batch_step * batch_dir)
-    if batch_dir > 0 and new_batch == batch:
-        batch_why = f"{queue_text}, batch at its cap {cap}" + (" (memory)" if memory_bound else "")
-
-    # Replicas: up when the batch is already at its cap and the queue stays long, or SLO breached.
-    replicas_dir, replicas_why = 0, ""
-    at_cap = batch >= cap
-    wants_up = (high and at_cap and _held_for(high_since, now, params.scale_up_window_s)) or (
-        _held_for(breached_since, now, params.scale_up_window_s)
-    )
-    settled_since_change = _quiet_since(state.last_replica_change, now, params.scale_down_window_s)
-    if wants_up and obs.pending_replicas > 0:
-        notes.append(f"scale-up waits for {obs.pending_replicas} pending pod(s)")
-    elif wants_up and replicas < params.replicas_max:
-        replicas_dir = 1
-        replicas_why = "SLO breached" if slo_breached else f"batch at cap {cap} and queue long"
-    elif (
-        low
-        and not slo_breached
-        and _held_for(low_since, now, params.scale_down_window_s)
-        and settled_since_change
-        and replicas > params.replicas_floor
-    ):
-        fewer = max(params.replicas_floor, replicas - params.replicas_step)
-        if _fits_on(fewer, replicas, queue, obs.running_per_replica, params):
-            replicas_dir = -1
-            replicas_why = f"queue short for {params.scale_down_window_s:g}s"
-        else:
-            notes.append(f"{fewer} replica(s) could not hold the load at batch {cap}")
-    new_replicas = params.clip_replicas(replicas + params.replicas_step * replicas_dir)
-    if new_replicas < replicas and new_batch < batch:
-        # One knob down at a time: each step's effect must be seen before the next.
-        new_batch = batch
-
     parts = []
-    if new_batch != batch:
-        parts.append(f"batch {batch}→{new_batch} ({batch_why})")
+    if step.batch != batch:
+        parts.append(f"batch {batch}→{step.batch} ({step.why})")
     if new_replicas != replicas:
         parts.append(f"replicas {replicas}→{new_replicas} ({replicas_why})")
-        if new_batch == batch and batch_why:
-            parts.append(f"batch holds at {batch} ({batch_why})")
     if not parts:
-        parts.append(f"hold: {batch_why or queue_text}")
+        parts.append(f"hold: {step.why or demand_text}")
+    slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
     new_state = LoopState(
+        batch=step.batch,
+        replicas=new_replicas,
+        batch_direction=step.direction,
+        batch_run=step.run,
+        last_batch_decrease=now if step.batch < batch else state.last_batch_decrease,
+        up_since=up_since,
+        up_target=up_target,
+        down_since=down_since,
+        down_target=down_target,
+        last_scale_up=now if new_replicas > replicas else state.last_scale_up,
+        last_replica_change=now if new_replicas != replicas else state.last_replica_change,
+    )
+    kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
+    return Decision(
+        batch_before=state.batch,
+        batch=step.batch,
+        replicas_before=state.replicas,
+        replicas=new_replicas,
+        reason="; ".join(parts + notes),
+        state=new_state,
+        slo_breached=slo_breached,
+        memory_bound=(memory_bound and step.batch >= p.batch_cap) or kv_full,
+        desired_replicas=desired,
+        unattainable=unattainable,
+    )
+
+
+def decide_seed(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
+    """The design brief's rule as written, kept for comparison (`wok simulate --policy seed`):
+    B ← clip(B + η_B·sign(Q − Q*)), down when P99 breaks the SLO; R ± 1 on the same sign once the
+    batch is at its cap (down at the floor), one pod at a time, none while pods are pending."""
+    p = params
+    batch, replicas = p.clip_batch(state.batch), p.clip_replicas(state.replicas)
+    if not _known(obs.queue_per_replica) or obs.ready_replicas < 1:
+        return _holding(state, batch, replicas, "no data", memory_bound=False)
+    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
+    error = queue - p.target_queue
+    sign = 0 if abs(error) <= p.deadband else (1 if error > 0 else -1)
+    breached = _above(obs.p99_seconds, p.slo_e2e_s) or _above(obs.p99_ttft_seconds, p.slo_ttft_s)
+    direction = -1 if breached else sign
+    new_batch = p.clip_batch(batch + p.batch_step * direction)
+    new_replicas = replicas
+    if obs.pending_replicas == 0 and _quiet_since(
+        state.last_replica_change, now, p.scale_up_window_s
+    ):
+        if sign > 0 and batch >= p.batch_cap:
+            new_replicas = p.clip_replicas(replicas + 1)
+        elif (
+            sign < 0
+            and batch <= p.batch_floor
+            and _quiet_since(state.last_replica_change, now, p.scale_down_window_s)
+        ):
+            new_replicas = p.clip_replicas(replicas - 1)
+    new_state = replace(
+        state,
         batch=new_batch,
         replicas=new_replicas,
-        queue_high_since=high_since,
-        queue_low_since=low_since,
-        slo_breached_since=breached_since,
-        last_batch_increase=now if new_batch > batch else state.last_batch_increase,
-        last_batch_decrease=now if new_batch < batch else state.last_batch_decrease,
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
     )
     return Decision(
@@ -297,8 +424,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         batch=new_batch,
         replicas_before=state.replicas,
         replicas=new_replicas,
-        reason="; ".join(parts + notes),
+        reason=f"seed: Q {queue:.1f} vs {p.target_queue:g}, breached {breached}",
         state=new_state,
-        slo_breached=slo_breached,
-        memory_bound=memory_bound and new_batch >= cap,
+        slo_breached=breached,
     )

@@ -23,13 +23,14 @@ from wok_operator import metrics
 from wok_operator.actuate import Kube, push_batch_size
 from wok_operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from wok_operator.budget import MemoryBudget, plan_for_spec
-from wok_operator.control import LawParams, decide
+from wok_operator.control import Decision, LawParams
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
     PodView,
+    TickResult,
+    control_tick,
     decision_status,
     memory_status,
-    observe,
     pod_view,
     state_from_status,
 )
@@ -74,6 +75,17 @@ def ensure_leading(wok: Shared) -> None:
     """Before any write: a replica that lost the lease exits here instead of acting."""
     if wok.leadership is not None:
         wok.leadership.ensure_holds()
+
+
+def batch_mem_in_force(spec: InferenceServiceSpec, plan: MemoryBudget, status: Any) -> int:
+    """B_mem as the control loop last sized it. With `lengthEstimate: observedMean` that comes from
+    the observed lengths, which a reconcile cannot see: clipping with the maxModelLen plan there
+    would cut the batch at every spec edit."""
+    if spec.memory.length_estimate == "observedMean":
+        last = (status or {}).get("memory", {}).get("maxBatchByMemory")
+        if isinstance(last, int) and last > 0:
+            return last
+    return plan.max_batch_size
 
 
 def validated(spec: Any) -> tuple[InferenceServiceSpec, MemoryBudget]:
@@ -130,7 +142,7 @@ def reconcile(
         kopf.warn(body, reason="InvalidSpec", message=str(error))
         metrics.RECONCILE_ERRORS.inc()
         return
-    params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
+    params = LawParams.from_spec(parsed, batch_mem=batch_mem_in_force(parsed, plan, status))
     state = state_from_status(dict(status), parsed, params)
     batch, replicas = params.clip_batch(state.batch), params.clip_replicas(state.replicas)
 
@@ -216,7 +228,8 @@ async def control_loop(
             started = time.monotonic()
             with metrics.CONTROL_LOOP_SECONDS.time():
                 try:
-                    await tick(wok, loop_memo, name, namespace, body, runtime_pods, logger)
+                    pods = list(runtime_pods.get((namespace, name), []))
+                    await ServiceTick(wok, loop_memo, name, namespace, body, logger).run(pods)
                 except (ApiException, httpx.HTTPError, OSError) as error:
                     metrics.RECONCILE_ERRORS.inc()
                     logger.warning("control tick failed, retrying next tick: %s", error)
@@ -227,78 +240,142 @@ async def control_loop(
         metrics.forget_service((namespace, name))
 
 
-async def tick(
-    wok: Shared,
-    loop_memo: LoopMemo,
-    name: str,
-    namespace: str,
-    body: kopf.Body,
-    pods_index: kopf.Index[tuple[str, str], PodView],
-    logger: kopf.Logger,
+@dataclass
+class ServiceTick:
+    """One tick of one service's loop: observe → decide → record → act. The pure middle
+    (`loop.control_tick`) is the one the fleet simulator runs; the steps around it are the I/O."""
+
+    wok: Shared
+    memo: LoopMemo
+    name: str
+    namespace: str
+    body: kopf.Body
+    logger: kopf.Logger
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    async def run(self, pods: list[PodView]) -> None:
+        try:
+            spec, plan = validated(self.body.get("spec", {}))
+        except ValueError:
+            return  # reconcile reports it as Degraded; there is nothing to control
+        status = dict(self.body.get("status") or {})
+        if "batchSize" not in status:
+            return  # not reconciled yet
+        signals, metrics_error = await self.observe(spec)
+        plan = budget_for(spec, plan, signals)
+        params = LawParams.from_spec(spec, batch_mem=plan.max_batch_size)
+        result = control_tick(
+            spec,
+            state_from_status(status, spec, params),
+            signals,
+            pods,
+            batch_mem=plan.max_batch_size,
+            now=time.time(),
+        )
+        export_service_metrics(self.key, spec, result)
+        ensure_leading(self.wok)
+        heartbeat = await self.record(status, plan, result, metrics_error)
+        await self.act(result.decision, pods, heartbeat=heartbeat)
+
+    async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None]:
+        url = spec.metrics.prometheus_url or self.wok.config.prometheus_url
+        if not url:
+            return ServiceSignals(), "no Prometheus URL configured"
+        window = spec.slo.window_seconds
+        rnd = await self.wok.hub.get(
+            url, self.key, window=window, max_age_s=spec.scaling.interval_seconds
+        )
+        if rnd.error is not None:
+            return ServiceSignals(), rnd.error
+        return rnd.signals(self.key, window), None
+
+    async def record(
+        self,
+        status: dict[str, Any],
+        plan: MemoryBudget,
+        result: TickResult,
+        metrics_error: str | None,
+    ) -> bool:
+        """The status first (so a reconcile in between renders the new numbers), and an Event per
+        knob that moved. Returns whether this write was the heartbeat."""
+        decision = result.decision
+        patch = decision_status(
+            decision,
+            result.observation,
+            previous_conditions=status.get("conditions"),
+            generation=self.body.get("metadata", {}).get("generation"),
+            now=cond.now_iso(),
+            metrics_error=metrics_error,
+        )
+        patch["memory"] = memory_status(plan)
+        comparable = {
+            **{k: v for k, v in patch.items() if k != "lastDecision"},
+            "why": decision.reason,
+        }
+        heartbeat = time.monotonic() - self.memo.last_write_at > STATUS_HEARTBEAT_S
+        if decision.changed or comparable != self.memo.last_written or heartbeat:
+            await asyncio.to_thread(self.wok.kube.patch_status, self.name, self.namespace, patch)
+            self.memo.last_written, self.memo.last_write_at = comparable, time.monotonic()
+        for knob, before, after in (
+            ("batch", decision.batch_before, decision.batch),
+            ("replicas", decision.replicas_before, decision.replicas),
+        ):
+            if after != before:
+                direction = "up" if after > before else "down"
+                metrics.DECISIONS.labels(knob=knob, direction=direction).inc()
+                kopf.info(self.body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
+        return heartbeat
+
+    async def act(self, decision: Decision, pods: list[PodView], *, heartbeat: bool) -> None:
+        """The world follows the decision: the ConfigMap, the Deployment's replicas, the pods."""
+        kube = self.wok.kube
+        if decision.batch != decision.batch_before:
+            await asyncio.to_thread(kube.set_batch_size, self.name, self.namespace, decision.batch)
+        if decision.replicas != self.memo.scaled_to or heartbeat:
+            # Read before writing: someone may have scaled by hand; the law's number wins.
+            current = await asyncio.to_thread(kube.deployment_replicas, self.name, self.namespace)
+            if current is not None and current != decision.replicas:
+                await asyncio.to_thread(kube.scale, self.name, self.namespace, decision.replicas)
+            self.memo.scaled_to = decision.replicas if current is not None else None
+        await _push_to_pods(
+            self.wok,
+            self.memo,
+            self.name,
+            self.namespace,
+            pods,
+            decision.batch,
+            self.body,
+            self.logger,
+        )
+
+
+def budget_for(
+    spec: InferenceServiceSpec, plan: MemoryBudget, signals: ServiceSignals
+) -> MemoryBudget:
+    """B_mem for the lengths being served, when the spec asks for the observed mean."""
+    if spec.memory.length_estimate == "observedMean" and signals.mean_sequence_tokens:
+        length = min(spec.memory.max_model_len, max(1, round(signals.mean_sequence_tokens)))
+        return plan_for_spec(spec, sequence_length=length)
+    return plan
+
+
+def export_service_metrics(
+    key: tuple[str, str], spec: InferenceServiceSpec, result: TickResult
 ) -> None:
-    try:
-        parsed, plan = validated(body.get("spec", {}))
-    except ValueError:
-        return  # reconcile reports it as Degraded; there is nothing to control
-    status = dict(body.get("status") or {})
-    if "batchSize" not in status:
-        return  # not reconciled yet
-    key = (namespace, name)
-    window = parsed.slo.window_seconds
-    url = parsed.metrics.prometheus_url or wok.config.prometheus_url
-    signals, metrics_error = ServiceSignals(), "no Prometheus URL configured"
-    if url:
-        rnd = await wok.hub.get(url, key, window=window, max_age_s=parsed.scaling.interval_seconds)
-        metrics_error = rnd.error
-        if rnd.error is None:
-            signals = rnd.signals(key, window)
-    if parsed.memory.length_estimate == "observedMean" and signals.mean_sequence_tokens:
-        length = min(parsed.memory.max_model_len, max(1, round(signals.mean_sequence_tokens)))
-        plan = plan_for_spec(parsed, sequence_length=length)
-    params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
-    pods = list(pods_index.get(key, []))
-    obs = observe(signals, pods)
-    decision = decide(state_from_status(status, parsed, params), obs, params, now=time.time())
+    obs, decision = result.observation, result.decision
     metrics.export_service(
         key,
-        slo_p99=parsed.slo.p99_latency_seconds,
-        p99=obs.p99_seconds,
+        slos={
+            "ttft": (spec.slo.ttft_p99_seconds, obs.p99_ttft_seconds),
+            "tpot": (spec.slo.tpot_p99_seconds, obs.p99_tpot_seconds),
+            "e2e": (spec.slo.e2e_p99_seconds, obs.p99_seconds),
+        },
         batch=decision.batch,
         replicas=decision.replicas,
     )
-
-    # The status first (so a reconcile in between renders the new numbers), then the world.
-    ensure_leading(wok)
-    patch = decision_status(
-        decision,
-        obs,
-        previous_conditions=status.get("conditions"),
-        generation=body.get("metadata", {}).get("generation"),
-        now=cond.now_iso(),
-        metrics_error=metrics_error,
-    )
-    patch["memory"] = memory_status(plan)
-    comparable = {**{k: v for k, v in patch.items() if k != "lastDecision"}, "why": decision.reason}
-    heartbeat = time.monotonic() - loop_memo.last_write_at > STATUS_HEARTBEAT_S
-    if decision.changed or comparable != loop_memo.last_written or heartbeat:
-        await asyncio.to_thread(wok.kube.patch_status, name, namespace, patch)
-        loop_memo.last_written, loop_memo.last_write_at = comparable, time.monotonic()
-    for knob, before, after in (
-        ("batch", decision.batch_before, decision.batch),
-        ("replicas", decision.replicas_before, decision.replicas),
-    ):
-        if after != before:
-            metrics.DECISIONS.labels(knob=knob, direction="up" if after > before else "down").inc()
-            kopf.info(body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
-    if decision.batch != decision.batch_before:
-        await asyncio.to_thread(wok.kube.set_batch_size, name, namespace, decision.batch)
-    if decision.replicas != loop_memo.scaled_to or heartbeat:
-        # Read before writing: someone may have scaled by hand; the law's number wins.
-        current = await asyncio.to_thread(wok.kube.deployment_replicas, name, namespace)
-        if current is not None and current != decision.replicas:
-            await asyncio.to_thread(wok.kube.scale, name, namespace, decision.replicas)
-        loop_memo.scaled_to = decision.replicas if current is not None else None
-    await _push_to_pods(wok, loop_memo, name, namespace, pods, decision.batch, body, logger)
 
 
 async def _push_to_pods(

@@ -1,17 +1,21 @@
-"""One control-loop tick without the I/O: from pods and signals to an observation, from status to
-the law's state, and from a decision back to status. Pure functions; `handlers.py` does the I/O.
+"""One control-loop tick without the I/O, as a pipeline of named steps that the operator and the
+fleet simulator share: observe (pods and Prometheus signals → an Observation), decide (the law),
+record (the decision → a status patch with its inputs and conditions). The last step, act (patch
+status, scale the Deployment, push the batch to the pods), is I/O and lives in `handlers.py`; the
+simulator acts on its own fleet instead.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec, LoopMemory
 from wok_operator.budget import MemoryBudget
-from wok_operator.control import Decision, LawParams, LoopState, Observation
+from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
 from wok_operator.signals import ServiceSignals
 
 
@@ -47,21 +51,53 @@ def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView
 def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
     ready = sum(1 for pod in pods if pod.ready)
     pending = sum(1 for pod in pods if pod.pending)
+    # Sums cover the pods whose scrape succeeded; per-pod figures divide by those, and the law
+    # counts the silent ready ones as full.
+    reporting = ready if signals.reporting_pods is None else min(signals.reporting_pods, ready)
     per_replica = None
     running = None
-    if ready and signals.waiting is not None:
-        per_replica = signals.waiting / ready
-    if ready and signals.running is not None:
-        running = signals.running / ready
+    if reporting and signals.waiting is not None:
+        per_replica = signals.waiting / reporting
+    if reporting and signals.running is not None:
+        running = signals.running / reporting
     return Observation(
         queue_per_replica=per_replica,
-        p99_seconds=signals.p99_seconds,
         kv_usage=signals.kv_usage,
         ready_replicas=ready,
         pending_replicas=pending,
-        p99_service_seconds=signals.p99_service_seconds,
         running_per_replica=running,
+        p99_ttft_seconds=signals.p99_ttft_seconds,
+        p99_tpot_seconds=signals.p99_tpot_seconds,
+        p99_seconds=signals.p99_seconds,
+        p99_service_seconds=signals.p99_service_seconds,
+        reporting_replicas=reporting if ready else None,
     )
+
+
+Law = Callable[[LoopState, Observation, LawParams, float], Decision]
+
+
+@dataclass(frozen=True)
+class TickResult:
+    params: LawParams
+    observation: Observation
+    decision: Decision
+
+
+def control_tick(
+    spec: InferenceServiceSpec,
+    state: LoopState,
+    signals: ServiceSignals,
+    pods: list[PodView],
+    *,
+    batch_mem: int,
+    now: float,
+    law: Law = decide,
+) -> TickResult:
+    """observe → decide: the pure middle of every tick, in the operator and in the simulator."""
+    params = LawParams.from_spec(spec, batch_mem=batch_mem)
+    obs = observe(signals, pods)
+    return TickResult(params, obs, law(state, obs, params, now))
 
 
 def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:
@@ -93,6 +129,19 @@ def memory_status(plan: MemoryBudget) -> dict[str, int]:
         "kvBytesPerToken": plan.kv_bytes_per_token,
         "maxBatchByMemory": plan.max_batch_size,
     }
+
+
+def _latency_text(obs: Observation) -> str:
+    parts = [
+        f"{name} {value:.3f}s"
+        for name, value in (
+            ("TTFT", obs.p99_ttft_seconds),
+            ("TPOT", obs.p99_tpot_seconds),
+            ("E2E", obs.p99_seconds),
+        )
+        if value is not None and math.isfinite(value)
+    ]
+    return "P99 " + ", ".join(parts) if parts else "no P99 yet"
 
 
 def _rounded(value: float | None) -> float | None:
@@ -149,7 +198,13 @@ def decision_status(
         cond.SLO_BREACHED,
         decision.slo_breached,
         "P99AboveTarget" if decision.slo_breached else "P99WithinTarget",
-        f"P99 {obs.p99_seconds:.3f}s" if obs.p99_seconds is not None else "no P99 yet",
+        _latency_text(obs),
+    )
+    put(
+        cond.SLO_UNATTAINABLE,
+        decision.unattainable is not None,
+        "NoBatchMeetsSLO" if decision.unattainable else "SLOAttainable",
+        decision.unattainable or "",
     )
     put(
         cond.MEMORY_BOUND,
@@ -164,10 +219,15 @@ def decision_status(
             "time": now,
             "inputs": {
                 "queuePerReplica": _rounded(obs.queue_per_replica),
+                "runningPerReplica": _rounded(obs.running_per_replica),
+                "p99TtftSeconds": _rounded(obs.p99_ttft_seconds),
+                "p99TpotSeconds": _rounded(obs.p99_tpot_seconds),
                 "p99Seconds": _rounded(obs.p99_seconds),
                 "kvUsage": _rounded(obs.kv_usage),
                 "readyReplicas": obs.ready_replicas,
                 "pendingReplicas": obs.pending_replicas,
+                "reportingReplicas": obs.reporting_replicas,
+                "desiredReplicas": decision.desired_replicas,
             },
             "batch": {"from": decision.batch_before, "to": decision.batch},
             "replicas": {"from": decision.replicas_before, "to": decision.replicas},

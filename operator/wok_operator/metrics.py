@@ -27,32 +27,42 @@ LEADER = Gauge("wok_operator_leader", "1 on the replica that acts (holds the Lea
 # Per InferenceService, for the SLO alerts. Not `namespace`/`service`: Prometheus' pod relabelling
 # sets those to the operator pod's own.
 SERVICE_LABELS = ("inferenceservice_namespace", "inferenceservice")
+SLO_LABELS = (*SERVICE_LABELS, "slo")  # slo: ttft | tpot | e2e
 SLO_P99_SECONDS = Gauge(
-    "wok_operator_slo_p99_seconds", "The P99 end-to-end latency target (spec.slo)", SERVICE_LABELS
+    "wok_operator_slo_p99_seconds", "The P99 latency targets of spec.slo, by SLO", SLO_LABELS
 )
 OBSERVED_P99_SECONDS = Gauge(
     "wok_operator_observed_p99_seconds",
-    "The P99 end-to-end latency the control loop last read (absent while unknown)",
-    SERVICE_LABELS,
+    "The P99 latencies the control loop last read, by SLO (absent while unknown)",
+    SLO_LABELS,
 )
 BATCH_SIZE = Gauge("wok_operator_batch_size", "The batch size the loop decided", SERVICE_LABELS)
 REPLICAS = Gauge("wok_operator_replicas", "The replica count the loop decided", SERVICE_LABELS)
 
 
 def export_service(
-    key: tuple[str, str], *, slo_p99: float, p99: float | None, batch: int, replicas: int
+    key: tuple[str, str],
+    *,
+    slos: dict[str, tuple[float | None, float | None]],
+    batch: int,
+    replicas: int,
 ) -> None:
-    """One tick's numbers for the service `key` (namespace, name)."""
-    SLO_P99_SECONDS.labels(*key).set(slo_p99)
+    """One tick's numbers for the service `key` (namespace, name); `slos` maps an SLO name to
+    (target, observed P99), either None when unset or unknown."""
     BATCH_SIZE.labels(*key).set(batch)
     REPLICAS.labels(*key).set(replicas)
-    if p99 is not None and math.isfinite(p99):
-        OBSERVED_P99_SECONDS.labels(*key).set(p99)
-    else:
-        # Unknown is no data, not NaN: a NaN would poison every sum or average over services.
-        OBSERVED_P99_SECONDS.remove(*key)
+    for slo, (target, observed) in slos.items():
+        for gauge, value in ((SLO_P99_SECONDS, target), (OBSERVED_P99_SECONDS, observed)):
+            if value is not None and math.isfinite(value):
+                gauge.labels(*key, slo).set(value)
+            else:
+                # Unknown is no data, not NaN: a NaN would poison every sum over services.
+                gauge.remove(*key, slo)
 
 
 def forget_service(key: tuple[str, str]) -> None:
-    for gauge in (SLO_P99_SECONDS, OBSERVED_P99_SECONDS, BATCH_SIZE, REPLICAS):
+    for gauge in (BATCH_SIZE, REPLICAS):
         gauge.remove(*key)
+    for gauge in (SLO_P99_SECONDS, OBSERVED_P99_SECONDS):
+        for slo in ("ttft", "tpot", "e2e"):
+            gauge.remove(*key, slo)

@@ -25,10 +25,23 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+TPOT = "vllm:request_time_per_output_token_seconds"
 INFERENCE_TIME = "vllm:request_inference_time_seconds"
+REJECTED = "wok_rejected_requests_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
+
+
+def _p99(histogram: str, window: str, *, misses_count: bool) -> str:
+    buckets = f"sum by ({GROUP}, le) (rate({histogram}_bucket[{window}]))"
+    if not misses_count:
+        return f"histogram_quantile(0.99, {buckets})"
+    # A rejected or timed-out request never gets a first or last token, but it is a miss: it
+    # joins the +Inf bucket, so overload reads as a breach instead of as a shorter histogram.
+    misses = f'label_replace(sum by ({GROUP}) (rate({REJECTED}[{window}])), "le", "+Inf", "", "")'
+    return f"histogram_quantile(0.99, ({buckets} + on ({GROUP}, le) {misses}) or {buckets})"
 
 
 def round_queries(windows: Iterable[int]) -> dict[str, str]:
@@ -37,20 +50,23 @@ def round_queries(windows: Iterable[int]) -> dict[str, str]:
         "waiting": f"sum by ({GROUP}) ({WAITING})",
         "running": f"sum by ({GROUP}) ({RUNNING})",
         "kv_usage": f"max by ({GROUP}) ({KV_USAGE})",
+        # Pods whose last scrape succeeded: a pod that fails its scrape drops out of the sums, so
+        # per-replica figures divide by these, not by the ready pods.
+        "reporting": f"count by ({GROUP}) ({WAITING})",
     }
     for window in sorted(set(windows)):
         w = f"{window}s"
-        queries[f"p99:{window}"] = (
-            f"histogram_quantile(0.99, sum by ({GROUP}, le) (rate({E2E_LATENCY}_bucket[{w}])))"
-        )
-        queries[f"p99_service:{window}"] = (
-            f"histogram_quantile(0.99, sum by ({GROUP}, le) (rate({INFERENCE_TIME}_bucket[{w}])))"
-        )
+        queries[f"p99:{window}"] = _p99(E2E_LATENCY, w, misses_count=True)
+        queries[f"p99_ttft:{window}"] = _p99(TTFT, w, misses_count=True)
+        queries[f"p99_tpot:{window}"] = _p99(TPOT, w, misses_count=False)
+        queries[f"p99_service:{window}"] = _p99(INFERENCE_TIME, w, misses_count=False)
         queries[f"mean_tokens:{window}"] = (
             f"(sum by ({GROUP}) (rate({PROMPT_TOKENS}[{w}]))"
             f" + sum by ({GROUP}) (rate({GENERATION_TOKENS}[{w}])))"
             f" / sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         )
+        queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
+        queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
     return queries
 
 
@@ -73,9 +89,14 @@ class ServiceSignals:
     waiting: float | None = None
     running: float | None = None
     kv_usage: float | None = None
-    p99_seconds: float | None = None
+    reporting_pods: int | None = None
+    p99_seconds: float | None = None  # end to end, rejected and timed-out requests included
+    p99_ttft_seconds: float | None = None  # rejected and timed-out requests included
+    p99_tpot_seconds: float | None = None  # of each request's mean time per output token
     p99_service_seconds: float | None = None
     mean_sequence_tokens: float | None = None
+    finished_per_s: float | None = None
+    rejected_per_s: float | None = None
 
 
 @dataclass
@@ -88,13 +109,19 @@ class Round:
         def get(name: str) -> float | None:
             return self.vectors.get(name, {}).get(key)
 
+        reporting = get("reporting")
         return ServiceSignals(
             waiting=get("waiting"),
             running=get("running"),
             kv_usage=get("kv_usage"),
+            reporting_pods=None if reporting is None else int(reporting),
             p99_seconds=get(f"p99:{window}"),
+            p99_ttft_seconds=get(f"p99_ttft:{window}"),
+            p99_tpot_seconds=get(f"p99_tpot:{window}"),
             p99_service_seconds=get(f"p99_service:{window}"),
             mean_sequence_tokens=get(f"mean_tokens:{window}"),
+            finished_per_s=get(f"finished_rate:{window}"),
+            rejected_per_s=get(f"rejected_rate:{window}"),
         )
 
 

@@ -69,17 +69,16 @@ def test_every_alert_has_a_severity_and_a_runbook_section():
         assert rule["alert"].lower() in anchors
 
 
-def service_gauges(key: tuple[str, str]) -> list[float | None]:
-    """SLO, observed P99, batch size, replicas of one service (None: no sample)."""
+def service_gauges(key: tuple[str, str], slo: str = "ttft") -> list[float | None]:
+    """SLO, observed P99 (of `slo`), batch size, replicas of one service (None: no sample)."""
     labels = dict(zip(metrics.SERVICE_LABELS, key, strict=True))
-    gauges = (
-        metrics.SLO_P99_SECONDS,
-        metrics.OBSERVED_P99_SECONDS,
-        metrics.BATCH_SIZE,
-        metrics.REPLICAS,
-    )
-    names = [gauge.describe()[0].name for gauge in gauges]
-    return [REGISTRY.get_sample_value(name, labels) for name in names]
+    values = []
+    for gauge in (metrics.SLO_P99_SECONDS, metrics.OBSERVED_P99_SECONDS):
+        name = gauge.describe()[0].name
+        values.append(REGISTRY.get_sample_value(name, {**labels, "slo": slo}))
+    for gauge in (metrics.BATCH_SIZE, metrics.REPLICAS):
+        values.append(REGISTRY.get_sample_value(gauge.describe()[0].name, labels))
+    return values
 
 
 class StopsAfterOneTick:
@@ -97,10 +96,13 @@ class StopsAfterOneTick:
 
 async def test_service_gauges_follow_each_tick_and_go_with_the_service():
     key = ("team-a", "chat")
-    metrics.export_service(key, slo_p99=5.0, p99=7.5, batch=16, replicas=2)
+    slos = {"ttft": (5.0, 7.5), "tpot": (0.1, 0.05), "e2e": (None, 30.0)}
+    metrics.export_service(key, slos=slos, batch=16, replicas=2)
     assert service_gauges(key) == [5.0, 7.5, 16, 2]
+    assert service_gauges(key, "tpot") == [0.1, 0.05, 16, 2]
+    assert service_gauges(key, "e2e") == [None, 30.0, 16, 2]  # no E2E SLO set
 
-    metrics.export_service(key, slo_p99=5.0, p99=math.nan, batch=12, replicas=3)
+    metrics.export_service(key, slos={**slos, "ttft": (5.0, math.nan)}, batch=12, replicas=3)
     assert service_gauges(key) == [5.0, None, 12, 3]
 
     # The service is deleted: its daemon ends (here after one tick that finds nothing to do).
@@ -115,3 +117,4 @@ async def test_service_gauges_follow_each_tick_and_go_with_the_service():
         runtime_pods={},
     )
     assert service_gauges(key) == [None] * 4
+    assert service_gauges(key, "tpot") == [None] * 4

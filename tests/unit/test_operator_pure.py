@@ -72,7 +72,7 @@ def test_rendering_is_deterministic_and_the_configmap_carries_the_batch():
 
 
 def test_changing_the_slo_does_not_change_the_pod_template():
-    slower = SPEC.model_copy(update={"slo": SPEC.slo.model_copy(update={"p99_latency_seconds": 9})})
+    slower = SPEC.model_copy(update={"slo": SPEC.slo.model_copy(update={"ttft_p99_seconds": 9})})
     a = desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=1)["spec"]["template"]
     b = desired_deployment("svc", "ns", slower, budget=PLAN, replicas=1)["spec"]["template"]
     assert a == b
@@ -120,13 +120,20 @@ def test_state_round_trips_through_status():
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
     fresh = state_from_status({}, SPEC, params)
     assert (fresh.batch, fresh.replicas) == (SPEC.batching.initial_batch_size, 1)
-    d = decide(fresh, Observation(20, 1.0, 0.2, 1, 0), params, now=100.0)
-    status = decision_status(
-        d, Observation(20, 1.0, 0.2, 1, 0), previous_conditions=None, generation=1, now="t"
+    long_queue = Observation(
+        queue_per_replica=20,
+        kv_usage=0.2,
+        ready_replicas=1,
+        pending_replicas=0,
+        running_per_replica=8,
+        p99_tpot_seconds=0.01,
     )
+    d = decide(fresh, long_queue, params, now=100.0)
+    status = decision_status(d, long_queue, previous_conditions=None, generation=1, now="t")
     restored = state_from_status(status, SPEC, params)
     assert restored == d.state
     assert status["lastDecision"]["batch"] == {"from": 8, "to": 12}
+    assert status["lastDecision"]["inputs"]["desiredReplicas"] == d.desired_replicas
     types = {c["type"]: c["status"] for c in status["conditions"]}
     assert types["Ready"] == "True" and types["MetricsUnavailable"] == "False"
     assert types["Progressing"] == "True"
@@ -134,7 +141,7 @@ def test_state_round_trips_through_status():
 
 def test_missing_metrics_set_metrics_unavailable():
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
-    obs = Observation(None, None, None, 1, 0)
+    obs = Observation(queue_per_replica=None, kv_usage=None, ready_replicas=1, pending_replicas=0)
     d = decide(LoopState(batch=8, replicas=1), obs, params, now=0)
     status = decision_status(
         d,
@@ -149,9 +156,9 @@ def test_missing_metrics_set_metrics_unavailable():
 
 
 def test_one_round_is_a_constant_number_of_queries():
-    assert len(round_queries([60])) == 6
-    assert len(round_queries([60, 60])) == 6
-    assert len(round_queries([60, 120])) == 9
+    assert len(round_queries([60])) == 11
+    assert len(round_queries([60, 60])) == 11
+    assert len(round_queries([60, 120])) == 18
     for query in round_queries([60]).values():
         assert "by (namespace, service" in query
 
