@@ -77,6 +77,12 @@ class LengthMix:
         return tuple(sorted((o, k) for o, k in Counter(self.outputs).items() if o >= 2))
 
 
+def arrival_rate(requests: Sequence[TraceRequest]) -> float | None:
+    """A trace's mean arrival rate (requests/s over its span); None when it spans no time."""
+    span = max((r.arrival_s for r in requests), default=0.0)
+    return len(requests) / span if span > 0 else None
+
+
 @dataclass(frozen=True)
 class BatchPoint:
     """One replica's steady state at a running batch B."""

@@ -41,7 +41,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wok_sim.plan import LengthMix, plan
+    from wok_sim.plan import LengthMix, arrival_rate, plan
     from wok_sim.profile import load_profile
     from wok_sim.report import Slos
     from wok_sim.traces import load_trace
@@ -61,23 +61,20 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--prompt-tokens needs --output-tokens")
         mix = LengthMix.of_means(args.prompt_tokens, args.output_tokens)
     result = plan(profile, mix, slos, qps=args.qps)
+    rate = arrival_rate(requests)
     if args.json:
-        print(json.dumps(as_json(result, requests), indent=2))
+        print(json.dumps(as_json(result, rate), indent=2))
     else:
-        print(table(result, requests))
+        print(table(result, len(requests), rate))
     if args.plot:
         write_plot(result, args.plot)
         print(f"plot: {args.plot}")
     return 0
 
 
-def _trace_rate(requests: list[TraceRequest]) -> float | None:
-    span = max((r.arrival_s for r in requests), default=0.0)
-    return len(requests) / span if span > 0 else None
-
-
-def as_json(result: Plan, requests: list[TraceRequest]) -> dict[str, Any]:
-    rate = _trace_rate(requests)
+def as_json(result: Plan, trace_rate: float | None) -> dict[str, Any]:
+    """The plan; `trace_rate` is the trace's mean arrival rate (None without a trace)."""
+    rate = trace_rate
     return {
         "profile": result.profile,
         "requests_in_mix": result.requests_in_mix,
@@ -121,7 +118,7 @@ def _replicas(qps: float, qps_max: float) -> int:
     return math.ceil(qps / qps_max)
 
 
-def table(result: Plan, requests: list[TraceRequest]) -> str:
+def table(result: Plan, trace_requests: int, trace_rate: float | None) -> str:
     slo = result.slos
     e2e = "none" if slo.e2e_s is None else f"{slo.e2e_s:g} s"
     lines = [
@@ -152,11 +149,10 @@ def table(result: Plan, requests: list[TraceRequest]) -> str:
     ]
     if result.qps is not None:
         lines.append(f"replicas {result.replicas} for {result.qps:g} requests/s")
-    rate = _trace_rate(requests)
-    if rate is not None:
+    if trace_rate is not None:
         lines.append(
-            f"trace    {len(requests)} requests, mean {rate:.2f} requests/s: "
-            f"{_replicas(rate, result.qps_max)} replica(s) at its mean rate"
+            f"trace    {trace_requests} requests, mean {trace_rate:.2f} requests/s: "
+            f"{_replicas(trace_rate, result.qps_max)} replica(s) at its mean rate"
         )
     return "\n".join(lines)
 

@@ -1,0 +1,274 @@
+"""The baselines wok must beat, as teams run them today: static fleets, and the upstream HPA or
+KEDA on vLLM's queue metrics (as the vLLM production stack and llm-d recommend).
+
+- `hpa-waiting`: an autoscaling/v2 HPA on the Pods metric `vllm:num_requests_waiting`, target
+  average 5 per pod (KEDA's threshold below, so the two differ only in the path the metric
+  takes), synced every 15 s with the default behaviour (`wok_sim.hpa`).
+- `keda-waiting`: KEDA's Prometheus scaler on `sum(vllm:num_requests_waiting)`, threshold 5,
+  polled every 30 s (`pollingInterval`), feeding the HPA an External metric with an AverageValue
+  target; the HPA syncs every 15 s on the last polled value (`useCachedMetrics`). KEDA reads an
+  empty result as 0 (`ignoreNullValues`, default true). minReplicaCount is 1: scaling to zero
+  would refuse every request for a cold start.
+- `hpa-concurrency-16/32/48`: the HPA on each pod's running + waiting requests.
+- `static-peak`: the smallest fixed fleet that reaches 99 % attainment of every SLO, by a search
+  over replica counts (each one a simulation: every count is a variant, the pick is the fewest
+  GPU-hours among those at 99 %, else the best attainment); `static-mean`: the fleet the trace's
+  mean rate needs at the planner's per-replica capacity (`wok_sim.plan`).
+
+Every one runs a fixed batch, swept over B ∈ {16, 32, 64, 128, 256} ≤ B_mem (`PolicyContext`);
+the report shows the best in hindsight with its B. The autoscalers start from the replica count
+the wok policy starts from, so no policy gets a head start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from wok_operator.control import LawParams
+from wok_operator.loop import initial_state
+from wok_sim import hpa
+from wok_sim.plan import TARGET_ATTAINMENT, LengthMix, arrival_rate, replica_capacity
+from wok_sim.policies import PolicyContext, PolicyEntry, Scored, register
+from wok_sim.policy import Action, FleetView, PodSample, Policy
+from wok_sim.report import Slos
+from wok_sim.traces import TraceRequest
+from wok_sim.wok_policy import simulated_spec
+
+WAITING_TARGET = 5.0  # per pod (HPA) and KEDA's threshold: the production-stack examples' figure
+KEDA_POLLING_S = 30.0  # ScaledObject pollingInterval default
+CONCURRENCY_TARGETS = (16, 32, 48)
+PEAK_WINDOW_S = 60.0  # the busiest window the peak search is bracketed from
+PEAK_HEADROOM = 3.0  # the search's largest fleet, in multiples of what that window needs
+
+
+def start_replicas(ctx: PolicyContext) -> int:
+    """The replica count at t = 0 for every autoscaler: the wok policy's own starting count."""
+    spec = simulated_spec(ctx)
+    return initial_state(spec, LawParams.from_spec(spec, batch_mem=ctx.batch_mem)).replicas
+
+
+def running_since_before(replicas: int) -> hpa.HpaState:
+    """The HPA's memory at t = 0: it ran before the trace began, recommending the fleet there
+    was (a fresh controller would drop the fleet on its first quiet sync)."""
+    return hpa.HpaState(recommendations=((0.0, replicas),))
+
+
+class StaticPolicy:
+    """A fixed fleet at a fixed batch: it never changes anything."""
+
+    interval_s = 60.0
+
+    def __init__(self, name: str, *, batch: int, replicas: int) -> None:
+        self.name = name
+        self.fixed_batch: int | None = batch
+        self.action = Action(batch=batch, replicas=replicas, reason=f"static: {replicas} replicas")
+
+    def start(self) -> Action:
+        return self.action
+
+    def decide(self, view: FleetView) -> Action:
+        return self.action
+
+
+PodMetric = Callable[[PodSample], float | None]
+
+
+def waiting_metric(sample: PodSample) -> float | None:
+    return sample.waiting
+
+
+def concurrency_metric(sample: PodSample) -> float | None:
+    if sample.waiting is None or sample.running is None:
+        return None
+    return sample.waiting + sample.running
+
+
+def hpa_pods(view: FleetView, metric: PodMetric) -> list[hpa.HpaPod]:
+    """The pods as the HPA's replica calculator sees them. A starting pod is Pending to it (image
+    pull, weight load; vLLM serves /metrics once loaded): unready, ignored on a scale-down and
+    counted as idle on a scale-up. A ready pod whose scrape failed has no sample (missing)."""
+    return [
+        hpa.HpaPod(
+            value=None if s.pod.pending else metric(s),
+            pending=s.pod.pending,
+            deleting=s.pod.terminating,
+        )
+        for s in view.pods
+    ]
+
+
+class HpaPolicy:
+    """An HPA on a per-pod metric with an AverageValue target (a Pods metric)."""
+
+    interval_s = hpa.SYNC_PERIOD_S
+
+    def __init__(
+        self, name: str, *, metric: PodMetric, target: float, batch: int, ctx: PolicyContext
+    ) -> None:
+        self.name = name
+        self.batch = batch
+        self.fixed_batch: int | None = batch
+        self.metric = metric
+        self.target = target
+        self.spec = hpa.HpaSpec(min_replicas=1, max_replicas=ctx.max_replicas)
+        self.initial = start_replicas(ctx)
+        self.state = running_since_before(self.initial)
+
+    def start(self) -> Action:
+        return Action(batch=self.batch, replicas=self.initial, reason="initial")
+
+    def decide(self, view: FleetView) -> Action:
+        proposal = hpa.pods_metric_replicas(view.replicas, self.target, hpa_pods(view, self.metric))
+        replicas, self.state = hpa.reconcile(
+            self.spec, self.state, now=view.now, current=view.replicas, proposal=proposal
+        )
+        reason = "no pod metric: hold" if proposal is None else f"recommend {proposal}"
+        return Action(batch=self.batch, replicas=replicas, reason=reason)
+
+
+class KedaPolicy:
+    """KEDA's Prometheus scaler on the service's summed queue, through the HPA's External
+    AverageValue path."""
+
+    interval_s = hpa.SYNC_PERIOD_S
+
+    def __init__(self, name: str, *, batch: int, ctx: PolicyContext) -> None:
+        self.name = name
+        self.batch = batch
+        self.fixed_batch: int | None = batch
+        self.spec = hpa.HpaSpec(min_replicas=1, max_replicas=ctx.max_replicas)
+        self.initial = start_replicas(ctx)
+        self.state = running_since_before(self.initial)
+        self.polled_at: float | None = None
+        self.polled = 0.0
+
+    def start(self) -> Action:
+        return Action(batch=self.batch, replicas=self.initial, reason="initial")
+
+    def decide(self, view: FleetView) -> Action:
+        if self.polled_at is None or view.now - self.polled_at >= KEDA_POLLING_S:
+            waiting = view.signals.waiting
+            self.polled = 0.0 if waiting is None else waiting  # ignoreNullValues: empty is 0
+            self.polled_at = view.now
+        # The Deployment's status.replicas: every pod not being deleted, ready or not.
+        existing = sum(1 for s in view.pods if not s.pod.terminating)
+        proposal = hpa.external_average_replicas(existing, self.polled, WAITING_TARGET)
+        replicas, self.state = hpa.reconcile(
+            self.spec, self.state, now=view.now, current=view.replicas, proposal=proposal
+        )
+        reason = f"sum waiting {self.polled:g} (polled at {self.polled_at:g} s): {proposal}"
+        return Action(batch=self.batch, replicas=replicas, reason=reason)
+
+
+def peak_rate(requests: Sequence[TraceRequest], window_s: float = PEAK_WINDOW_S) -> float:
+    """The most arrivals in any `window_s` window, per second."""
+    times = sorted(r.arrival_s for r in requests)
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= window_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most / window_s
+
+
+@dataclass(frozen=True)
+class FleetSizing:
+    """What the static fleets are sized from: the trace's rates and one replica's capacity."""
+
+    mean_rate: float  # requests/s over the trace
+    peak_rate: float  # requests/s in its busiest window
+    capacity: dict[int, float]  # requests/s one replica serves, by fixed batch
+
+    def mean_replicas(self, batch: int, max_replicas: int) -> int:
+        return min(max_replicas, max(1, math.ceil(self.mean_rate / self.capacity[batch])))
+
+    def peak_candidates(self, batch: int, max_replicas: int) -> list[int]:
+        """The replica counts the peak search simulates: from the mean fleet (no fewer keeps up)
+        to three times what the busiest window needs at full batches (a fleet that light runs
+        its steps fast, for the long answers' E2E), within max replicas."""
+        low = self.mean_replicas(batch, max_replicas)
+        high = max(low, math.ceil(PEAK_HEADROOM * self.peak_rate / self.capacity[batch]))
+        return list(range(low, min(high, max_replicas) + 1))
+
+
+_SIZINGS: dict[int, tuple[PolicyContext, FleetSizing]] = {}
+
+
+def sizing(ctx: PolicyContext) -> FleetSizing:
+    """The sizing of a run, computed once per context (every simulation worker asks for it)."""
+    cached = _SIZINGS.get(id(ctx))
+    if cached is not None and cached[0] is ctx:
+        return cached[1]
+    mix = LengthMix.of_requests(ctx.requests, ctx.profile.max_model_len)
+    slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)
+    result = FleetSizing(
+        mean_rate=arrival_rate(ctx.requests) or float(len(ctx.requests)),
+        peak_rate=peak_rate(ctx.requests),
+        capacity={b: replica_capacity(ctx.profile, mix, b, slos) for b in ctx.sweep_batches()},
+    )
+    _SIZINGS[id(ctx)] = (ctx, result)
+    return result
+
+
+def smallest_reaching_target(results: Sequence[Scored]) -> int:
+    """Among the variants at the attainment target, the fewest GPU-hours; if none, the best."""
+    reaching = [i for i, r in enumerate(results) if r.slo_attainment >= TARGET_ATTAINMENT]
+    if not reaching:
+        return max(
+            range(len(results)), key=lambda i: (results[i].slo_attainment, -results[i].gpu_hours)
+        )
+    return min(reaching, key=lambda i: results[i].gpu_hours)
+
+
+def _static_peak(ctx: PolicyContext) -> list[Policy]:
+    return [
+        StaticPolicy("static-peak", batch=b, replicas=n)
+        for b in ctx.sweep_batches()
+        for n in sizing(ctx).peak_candidates(b, ctx.max_replicas)
+    ]
+
+
+def _static_mean(ctx: PolicyContext) -> list[Policy]:
+    return [
+        StaticPolicy(
+            "static-mean", batch=b, replicas=sizing(ctx).mean_replicas(b, ctx.max_replicas)
+        )
+        for b in ctx.sweep_batches()
+    ]
+
+
+def _hpa_waiting(ctx: PolicyContext) -> list[Policy]:
+    return [
+        HpaPolicy("hpa-waiting", metric=waiting_metric, target=WAITING_TARGET, batch=b, ctx=ctx)
+        for b in ctx.sweep_batches()
+    ]
+
+
+def _keda_waiting(ctx: PolicyContext) -> list[Policy]:
+    return [KedaPolicy("keda-waiting", batch=b, ctx=ctx) for b in ctx.sweep_batches()]
+
+
+def _hpa_concurrency(target: int) -> Callable[[PolicyContext], list[Policy]]:
+    def variants(ctx: PolicyContext) -> list[Policy]:
+        return [
+            HpaPolicy(
+                f"hpa-concurrency-{target}",
+                metric=concurrency_metric,
+                target=float(target),
+                batch=b,
+                ctx=ctx,
+            )
+            for b in ctx.sweep_batches()
+        ]
+
+    return variants
+
+
+register("static-peak", PolicyEntry(variants=_static_peak, pick=smallest_reaching_target))
+register("static-mean", PolicyEntry(variants=_static_mean))
+register("hpa-waiting", PolicyEntry(variants=_hpa_waiting))
+register("keda-waiting", PolicyEntry(variants=_keda_waiting))
+for _target in CONCURRENCY_TARGETS:
+    register(f"hpa-concurrency-{_target}", PolicyEntry(variants=_hpa_concurrency(_target)))

@@ -1,0 +1,197 @@
+"""The HPA, KEDA and static baselines: what each reads from a fleet view, what it answers, and a
+short run through the real fleet simulator."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+
+from wok_operator.control import decide
+from wok_operator.loop import PodView
+from wok_operator.signals import ServiceSignals
+from wok_sim import baselines
+from wok_sim.baselines import (
+    FleetSizing,
+    HpaPolicy,
+    KedaPolicy,
+    StaticPolicy,
+    concurrency_metric,
+    peak_rate,
+    smallest_reaching_target,
+    start_replicas,
+    waiting_metric,
+)
+from wok_sim.fleet import FleetConfig, simulate_fleet
+from wok_sim.policies import PolicyContext, load_registry
+from wok_sim.policy import FleetView, PodSample
+from wok_sim.profile import load_profile
+from wok_sim.traces import Phase, TraceRequest, scripted
+from wok_sim.wok_policy import LawPolicy
+
+PROFILE = load_profile("sim:llama-3-8b-80g")
+
+
+def context(requests: list[TraceRequest], *, max_replicas: int = 10) -> PolicyContext:
+    return PolicyContext(
+        profile=PROFILE,
+        slo_ttft_s=2.0,
+        slo_tpot_s=0.1,
+        slo_e2e_s=None,
+        max_replicas=max_replicas,
+        batch_mem=PROFILE.kv_capacity_tokens // PROFILE.max_model_len,
+        cold_start_s=90.0,
+        requests=tuple(requests),
+    )
+
+
+CTX = context([TraceRequest(float(t), 512, 64) for t in range(60)], max_replicas=32)
+
+
+def pod(
+    name: str, *, waiting: float | None = 0, running: float | None = 0, state: str = "ready"
+) -> PodSample:
+    view = PodView(
+        name=name,
+        uid=name,
+        ip=None,
+        ready=state == "ready",
+        terminating=state == "deleting",
+    )
+    return PodSample(pod=view, waiting=waiting, running=running, kv_usage=None)
+
+
+def fleet(now: float, replicas: int, *pods: PodSample, waiting: float | None = None) -> FleetView:
+    return FleetView(
+        now=now,
+        replicas=replicas,
+        batch=32,
+        pods=pods,
+        signals=ServiceSignals(waiting=waiting),
+    )
+
+
+def test_every_autoscaler_starts_where_the_wok_policy_starts() -> None:
+    wok_start = LawPolicy("wok", decide, CTX).start().replicas
+    assert start_replicas(CTX) == wok_start
+    for name in ("hpa-waiting", "keda-waiting", "hpa-concurrency-32"):
+        for policy in load_registry()[name].variants(CTX):
+            assert policy.start().replicas == wok_start
+            assert policy.start().batch == policy.fixed_batch
+
+
+def test_every_baseline_is_registered_and_swept_over_the_batches_that_fit() -> None:
+    registry = load_registry()
+    names = ["hpa-waiting", "keda-waiting", "static-peak", "static-mean"]
+    names += [f"hpa-concurrency-{t}" for t in (16, 32, 48)]
+    assert CTX.sweep_batches() == [16, 32]  # B_mem = 450k / 8192 = 54
+    for name in names:
+        batches = {p.fixed_batch for p in registry[name].variants(CTX)}
+        assert batches == {16, 32}, name
+        assert {p.name for p in registry[name].variants(CTX)} == {name}
+
+
+def test_hpa_waiting_scales_up_within_the_upstream_rate_limit() -> None:
+    policy = HpaPolicy("hpa-waiting", metric=waiting_metric, target=5.0, batch=32, ctx=CTX)
+    # two ready pods with 20 waiting each: ×4 → 8 wanted, but from 2 at most max(4, 2 + 4) = 6
+    action = policy.decide(fleet(15, 2, pod("a", waiting=20), pod("b", waiting=20)))
+    assert (action.replicas, action.batch) == (6, 32)
+
+
+def test_hpa_counts_starting_pods_as_idle_and_leaves_deleting_ones_out() -> None:
+    policy = HpaPolicy("hpa-waiting", metric=waiting_metric, target=5.0, batch=32, ctx=CTX)
+    view = fleet(
+        15,
+        4,
+        pod("a", waiting=15),
+        pod("b", waiting=15),
+        pod("c", waiting=None, state="starting"),
+        pod("d", waiting=None, state="starting"),
+        pod("e", waiting=100, state="deleting"),
+    )
+    # ready average 15 vs 5 is ×3; with the two starting pods at 0: ×1.5 over 4 pods = 6
+    assert policy.decide(view).replicas == 6
+
+
+def test_hpa_holds_when_no_pod_reports() -> None:
+    policy = HpaPolicy("hpa-waiting", metric=waiting_metric, target=5.0, batch=32, ctx=CTX)
+    action = policy.decide(fleet(15, 3, pod("a", waiting=None), pod("b", waiting=None)))
+    assert action.replicas == 3
+
+
+def test_concurrency_is_running_plus_waiting() -> None:
+    assert concurrency_metric(pod("a", waiting=3, running=29)) == 32
+    assert concurrency_metric(pod("a", waiting=None, running=29)) is None
+    policy = HpaPolicy(
+        "hpa-concurrency-16", metric=concurrency_metric, target=16.0, batch=32, ctx=CTX
+    )
+    # 40 per pod vs 16: ×2.5 → ceil(2.5 × 2) = 5 (within the +4 limit)
+    view = fleet(15, 2, pod("a", waiting=8, running=32), pod("b", waiting=8, running=32))
+    assert policy.decide(view).replicas == 5
+
+
+def test_keda_polls_every_30s_and_the_hpa_reuses_the_last_poll() -> None:
+    policy = KedaPolicy("keda-waiting", batch=32, ctx=CTX)
+    pods = (pod("a"), pod("b"))
+    # t = 15: polled 30 waiting; AverageValue 5 → ceil(30 / 5) = 6 (2 + 4 allowed)
+    assert policy.decide(fleet(15, 2, *pods, waiting=30)).replicas == 6
+    # t = 30: the queue is gone, but the HPA still reads the value polled at 15 s
+    assert policy.decide(fleet(30, 6, *pods, waiting=0)).replicas == 6
+    # t = 45: polled 60 → 12 wanted; from 6 the limit is 12
+    assert policy.decide(fleet(45, 6, *pods, waiting=60)).replicas == 12
+
+
+def test_keda_reads_an_empty_result_as_zero_and_waits_out_the_window() -> None:
+    policy = KedaPolicy("keda-waiting", batch=32, ctx=CTX)
+    pods = [pod(name) for name in "abcd"]
+    assert policy.decide(fleet(15, 4, *pods, waiting=20)).replicas == 4  # 20 / (5 × 4): hold
+    assert policy.decide(fleet(45, 4, *pods, waiting=None)).replicas == 4  # 0, but 4 at 15 s
+    assert policy.decide(fleet(330, 4, *pods, waiting=None)).replicas == 1  # 0 → min 1
+
+
+def test_static_policy_never_moves() -> None:
+    policy = StaticPolicy("static-peak", batch=16, replicas=7)
+    assert policy.start() == policy.decide(fleet(60, 7, pod("a", waiting=500)))
+    assert (policy.start().replicas, policy.fixed_batch) == (7, 16)
+
+
+def test_peak_rate_is_the_busiest_window() -> None:
+    times = [0.0, 1.0, 2.0, 100.0, 100.5, 101.0, 101.5, 200.0]
+    requests = [TraceRequest(t, 10, 10) for t in times]
+    assert peak_rate(requests, window_s=10.0) == pytest.approx(4 / 10.0)
+
+
+def test_static_fleets_are_sized_from_mean_and_peak() -> None:
+    sizing = FleetSizing(mean_rate=10.0, peak_rate=25.0, capacity={16: 4.0})
+    assert sizing.mean_replicas(16, max_replicas=32) == 3
+    assert sizing.peak_candidates(16, max_replicas=32) == list(range(3, 20))  # up to 3 × 6.25
+    assert sizing.peak_candidates(16, max_replicas=8) == list(range(3, 9))
+
+
+@dataclass(frozen=True)
+class Result:
+    slo_attainment: float
+    gpu_hours: float
+
+
+def test_static_peak_picks_the_cheapest_fleet_at_99_percent() -> None:
+    results = [Result(0.90, 1.0), Result(0.991, 2.0), Result(0.999, 3.0), Result(0.995, 1.8)]
+    assert smallest_reaching_target(results) == 3
+    assert smallest_reaching_target([Result(0.5, 1.0), Result(0.8, 2.0)]) == 1
+
+
+def test_hpa_concurrency_follows_a_burst_in_the_fleet_simulator() -> None:
+    requests = scripted((Phase(60, 1.0), Phase(240, 30.0)), mean_prompt=256, mean_output=64)
+    ctx = context(requests)
+    policy = HpaPolicy(
+        "hpa-concurrency-16", metric=concurrency_metric, target=16, batch=16, ctx=ctx
+    )
+    run = simulate_fleet(requests, policy, FleetConfig(profile=PROFILE, cold_start_s=30.0))
+    desired = [tick.desired for tick in run.timeline]
+    assert desired[0] == 1
+    assert max(desired) > 1  # the burst brought pods
+    assert max(desired) <= ctx.max_replicas
+    # the rate limit holds on every sync: never more than max(2×, +4) in one step
+    assert all(b <= max(2 * a, a + 4) for a, b in itertools.pairwise(desired))
+    assert policy.interval_s == baselines.hpa.SYNC_PERIOD_S
