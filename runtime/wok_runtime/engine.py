@@ -149,6 +149,7 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._callbacks: dict[str, OutputCallback] = {}
+        self._final_only: set[str] = set()  # requests whose caller wants no incremental outputs
         self._pending_aborts: list[str] = []
         self._accepting = True
         self._stop_deadline: float | None = None
@@ -190,7 +191,10 @@ class LLMEngine:
         tenant: str | None = None,
         queue_timeout_s: float | None = None,
         request_id: str | None = None,
+        incremental: bool = True,
     ) -> str:
+        """`on_output` gets each step's new tokens, or with `incremental=False` one output when
+        the request has finished (a non-streamed answer: one wake-up instead of one a token)."""
         self._validate(prompt_token_ids, params)
         timeout = self.config.queue_timeout_s
         if queue_timeout_s is not None:
@@ -215,6 +219,8 @@ class LLMEngine:
             )
             self.scheduler.add(seq, now)  # raises QueueFullError
             self._callbacks[request_id] = on_output
+            if not incremental:
+                self._final_only.add(request_id)
             self._wake.notify()
         return request_id
 
@@ -397,6 +403,8 @@ class LLMEngine:
             callback = self._callbacks.get(seq.request_id)
             if callback is None:
                 continue
+            if not seq.is_finished and seq.request_id in self._final_only:
+                continue
             visible = seq.output_token_ids
             if seq.finish_reason == "stop":
                 visible = visible[:-1]  # the EOS / stop token itself is not text
@@ -404,6 +412,7 @@ class LLMEngine:
             seq.num_emitted_tokens = len(visible)
             if seq.is_finished:
                 del self._callbacks[seq.request_id]
+                self._final_only.discard(seq.request_id)
                 self._executor.release(seq.request_id)
                 self._completed_total += 1
             elif not new:

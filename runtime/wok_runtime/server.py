@@ -158,12 +158,16 @@ class _Tracked:
 
     def on_output(self, out: Any) -> None:
         n = len(out.new_token_ids)
-        if n:
-            last = out.metrics.last_token_time
-            interval = None
-            if self._last_token_time is not None and last is not None:
-                interval = last - self._last_token_time
-            self.metrics.observe_tokens(n, interval)
+        last = out.metrics.last_token_time
+        if n and last is not None:
+            if self._last_token_time is None:
+                # The first token opens the intervals; the rest of a first output (all of a
+                # non-streamed answer) spreads over the time since it.
+                self.metrics.observe_tokens(1, None)
+                if n > 1:
+                    self.metrics.observe_tokens(n - 1, last - out.metrics.first_token_time)
+            else:
+                self.metrics.observe_tokens(n, last - self._last_token_time)
             self._last_token_time = last
         if out.finished:
             reason = out.finish_reason
@@ -278,7 +282,15 @@ class Server:
                 code="context_length_exceeded",
             )
 
-    def submit(self, ids: list[int], params: Any, *, priority: int, tenant: str | None) -> _Tracked:
+    def submit(
+        self,
+        ids: list[int],
+        params: Any,
+        *,
+        priority: int,
+        tenant: str | None,
+        incremental: bool = True,
+    ) -> _Tracked:
         from wok_runtime.engine import InvalidRequestError, QueueFullError
 
         if self.state.draining:
@@ -304,6 +316,7 @@ class Server:
                 on_output=tracked.on_output,
                 priority=priority,
                 tenant=tenant,
+                incremental=incremental,
             )
         except QueueFullError as error:
             self.metrics.reject(REJECT_QUEUE_FULL)
@@ -335,8 +348,12 @@ class Server:
                     self.abort(tracked)
                     # Nobody reads this answer: the status only names the case in logs.
                     raise APIError(499, "client disconnected", code="client_closed")
+            if not tracked.queue.empty():
+                return tracked.queue.get_nowait()
             try:
-                return await asyncio.wait_for(tracked.queue.get(), DISCONNECT_POLL_S)
+                # A timeout scope, not wait_for: no task per output.
+                async with asyncio.timeout(DISCONNECT_POLL_S):
+                    return await tracked.queue.get()
             except TimeoutError:
                 continue
 
@@ -574,9 +591,14 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         server.state.in_flight += 1
         release = True
         try:
-            tracked = server.submit(ids, params, priority=priority, tenant=tenant)
+            stops = body.stop_strings()
+            # A non-streamed answer without stop strings needs no token before the last.
+            incremental = body.stream or bool(stops)
+            tracked = server.submit(
+                ids, params, priority=priority, tenant=tenant, incremental=incremental
+            )
             tracked.watch = request
-            text = IncrementalText(engine.tokenizer.decode, body.stop_strings())
+            text = IncrementalText(engine.tokenizer.decode, stops)
             pieces = server.generate(tracked, text)
             want_ids = body.return_token_ids
             if not body.stream:

@@ -10,6 +10,13 @@ replaced: for the batch the scheduler actually planned, the step sleeps the prof
 and each sequence that samples gets a token from a seeded generator. The KV pool is the
 profile's capacity, as block bookkeeping only: no tensors, and no torch on this path at all.
 
+The profile's time is the whole step period, host time included (a measured profile is fitted to
+wall time per step, and the analytic one counts launch and host overhead in `a`). So a step that
+continues sequences of the previous one is taken to begin when that one was due to end: the
+engine's own work in between (outputs, metrics, scheduling) and a late wake-up from the sleep are
+slept less, not added. A debt of more than a step is forgiven: a pod whose host work is longer
+than its steps (or that the OS did not run for a while) is simply slower than its profile.
+
 Tokens are never EOS nor another special token, so every output runs to `max_tokens` (or a stop
 token or string): with vLLM's `ignore_eos: true` a trace's output lengths replay exactly. Text
 prompts use builtin:tiny's tokenizer; token-id prompts are taken as they are.
@@ -63,6 +70,8 @@ class SimModelRunner:
         self._rng = random.Random(seed)  # unseeded requests share it: a run replays from `seed`
         self._clock = clock
         self._sleep = sleep
+        self._last_ids: set[str] = set()  # the previous step's requests
+        self._last_deadline = 0.0  # when the previous step was due to end
 
     @classmethod
     def from_profile(cls, ref: str, *, seed: int = 0) -> SimModelRunner:
@@ -81,11 +90,20 @@ class SimModelRunner:
         return self.profile.step_seconds(batch.num_decode_tokens, batch.num_prefill_tokens, context)
 
     def execute(self, batch: SchedulerOutput) -> StepTokens:
-        deadline = self._clock() + self.step_seconds(batch)
+        start = self._clock()
+        seconds = self.step_seconds(batch)
+        ids = {item.seq.request_id for item in batch.scheduled}
+        # A request of the previous step still running means the engine never went idle since.
+        continuing = not ids.isdisjoint(self._last_ids)
+        behind = start - self._last_deadline
+        began = self._last_deadline if continuing and behind < seconds else start
+        deadline = began + seconds
         sampled = {item.seq: self._token(item.seq) for item in batch.scheduled if item.samples}
         remaining = deadline - self._clock()
         if remaining > 0:
             self._sleep(remaining)
+        self._last_ids = ids
+        self._last_deadline = deadline
         return StepTokens(sampled, {})
 
     def release(self, request_id: str) -> None:

@@ -16,6 +16,8 @@ import pytest
 from wok_runtime.builtin import SPECIAL_TOKENS, ensure_builtin, ensure_builtin_tokenizer
 from wok_runtime.engine import EngineConfig, LLMEngine, RequestOutput
 from wok_runtime.sampling_params import SamplingParams
+from wok_runtime.scheduler import ScheduledSeq, SchedulerOutput
+from wok_runtime.sequence import Sequence
 from wok_runtime.sim_runner import FIRST_PLAIN_TOKEN, SimModelRunner
 from wok_runtime.step import StepExecutor
 from wok_sim.profile import load_profile
@@ -23,23 +25,33 @@ from wok_sim.profile import load_profile
 PROFILE = "sim:llama-3-8b-80g"
 
 
-class RecordedSleep:
-    """The runner's sleep, recorded instead of slept (the unit tests' stand-in for time)."""
+class FakeTime:
+    """The runner's clock and sleep for the unit tests: a sleep is recorded and moves the clock,
+    and nothing else does (the engine's host work takes no time unless a test says so)."""
 
     def __init__(self) -> None:
+        self.now = 100.0
         self.slept: list[float] = []
 
-    def __call__(self, seconds: float) -> None:
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
+        self.now += seconds
 
 
-def sim_runner(*, seed: int = 0, sleep: RecordedSleep | None = None) -> SimModelRunner:
+def sim_runner(*, seed: int = 0, fake: FakeTime | None = None) -> SimModelRunner:
     base = SimModelRunner.from_profile(PROFILE, seed=seed)
-    if sleep is None:
+    if fake is None:
         return base
-    # A frozen clock makes each recorded sleep exactly the step's profiled time.
     return SimModelRunner(
-        base.profile, base.tokenizer, config=base.config, seed=seed, clock=lambda: 0.0, sleep=sleep
+        base.profile,
+        base.tokenizer,
+        config=base.config,
+        seed=seed,
+        clock=fake.clock,
+        sleep=fake.sleep,
     )
 
 
@@ -77,8 +89,8 @@ def test_the_runner_is_a_step_executor_sized_by_its_profile() -> None:
 
 
 def test_a_known_batch_sleeps_the_profiles_step_time() -> None:
-    sleep = RecordedSleep()
-    runner = sim_runner(sleep=sleep)
+    fake = FakeTime()
+    runner = sim_runner(fake=fake)
     p = runner.profile
     steps = []
     engine = LLMEngine(runner, EngineConfig(max_batch_size=4), on_step=steps.append)
@@ -95,11 +107,31 @@ def test_a_known_batch_sleeps_the_profiles_step_time() -> None:
         p.step_seconds(4, 0, 4 * 101),  # each decode reads its 100 + 1 cached and new tokens
         p.step_seconds(4, 0, 4 * 102),
     ]
-    assert sleep.slept == pytest.approx(expected)
+    assert fake.slept == pytest.approx(expected)
+
+
+def test_host_time_between_steps_is_inside_the_profiled_step() -> None:
+    fake = FakeTime()
+    runner = sim_runner(fake=fake)
+
+    def decode_step(*request_ids: str) -> SchedulerOutput:
+        seqs = [Sequence(rid, [1, 2, 3], SamplingParams(), arrival_time=0.0) for rid in request_ids]
+        items = [ScheduledSeq(seq, start_pos=2, num_tokens=1) for seq in seqs]
+        return SchedulerOutput(scheduled=items, num_decode_tokens=len(items))
+
+    t = runner.step_seconds(decode_step("a"))
+    runner.execute(decode_step("a"))
+    fake.now += 0.002  # the engine's host work: outputs of that step, scheduling of the next
+    runner.execute(decode_step("a"))  # continues "a": began when the last step ended
+    fake.now += 0.002
+    runner.execute(decode_step("b"))  # nothing continues: the engine may have been idle
+    fake.now += 1.0
+    runner.execute(decode_step("b"))  # more than a step behind: forgiven, not made up
+    assert fake.slept == pytest.approx([t, t - 0.002, t, t])
 
 
 def test_outputs_have_exactly_max_tokens_and_never_a_special_token() -> None:
-    runner = sim_runner(sleep=RecordedSleep())
+    runner = sim_runner(fake=FakeTime())
     engine = LLMEngine(runner, EngineConfig(max_batch_size=16))
     reqs = [
         ([5, 6, 7], SamplingParams(max_tokens=n, ignore_eos=ignore))
@@ -118,7 +150,7 @@ def test_a_seeded_request_replays_whatever_shares_its_batch() -> None:
     crowd = [([9] * n, SamplingParams(max_tokens=n, ignore_eos=True)) for n in (5, 30)]
 
     def first(reqs: list[tuple[list[int], SamplingParams]], run_seed: int) -> list[int]:
-        runner = sim_runner(seed=run_seed, sleep=RecordedSleep())
+        runner = sim_runner(seed=run_seed, fake=FakeTime())
         return run_all(LLMEngine(runner, EngineConfig()), reqs)["r0"]
 
     alone = first([seeded], 0)
@@ -129,8 +161,25 @@ def test_a_seeded_request_replays_whatever_shares_its_batch() -> None:
     assert first(crowd, 3) == first(crowd, 3) != first(crowd, 4)
 
 
+def test_a_final_only_request_gets_one_output_with_every_token() -> None:
+    engine = LLMEngine(sim_runner(fake=FakeTime()), EngineConfig())
+    outputs: dict[bool, list[RequestOutput]] = {True: [], False: []}
+    for incremental in (True, False):
+        engine.add_request(
+            [3, 4],
+            SamplingParams(max_tokens=5, ignore_eos=True),
+            on_output=outputs[incremental].append,
+            incremental=incremental,
+        )
+    while engine.step():
+        pass
+    assert [len(o.new_token_ids) for o in outputs[True]] == [1, 1, 1, 1, 1]
+    (final,) = outputs[False]
+    assert final.finished and len(final.new_token_ids) == 5
+
+
 def test_the_live_cap_bounds_the_running_batch() -> None:
-    runner = sim_runner(sleep=RecordedSleep())
+    runner = sim_runner(fake=FakeTime())
     steps = []
     engine = LLMEngine(runner, EngineConfig(max_batch_size=3), on_step=steps.append)
     reqs = [([4, 5], SamplingParams(max_tokens=6, ignore_eos=True)) for _ in range(10)]
