@@ -49,7 +49,6 @@ log = logging.getLogger("wok.runtime.server")
 
 DEFAULT_PRIORITY_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DISCONNECT_POLL_S = 0.25
 SAMPLING_EPS = 1e-5
 PRIORITY_HEADER = "x-wok-priority"
 TENANT_HEADER = "x-wok-tenant"
@@ -125,6 +124,9 @@ class APIError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+_CLIENT_GONE = object()  # put in a request's output queue when its client disconnects
+
+
 class ServerState:
     """What /readyz reports and the drain waits on (touched only on the event loop)."""
 
@@ -147,14 +149,19 @@ class _Tracked:
         self.metrics = metrics
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.request_id: str | None = None
-        # Polled for a disconnect while waiting; None once a StreamingResponse (which watches
-        # for the disconnect itself, and must be the only reader of `receive`) has taken over.
-        self.watch: Request | None = None
-        self.last_poll = time.monotonic()
+        # Waits for the client to go away (Server.watch_disconnect) until the request ends or a
+        # StreamingResponse (which watches itself, and must be the only reader of `receive`)
+        # takes over.
+        self.watcher: asyncio.Task[None] | None = None
         self.finished = False  # seen by the handler
         self.stopped_by_string = False  # set before the server aborts on a stop string
         self.final_metrics: Any = None  # RequestMetrics of the finished request
         self._last_token_time: float | None = None
+
+    def stop_watching(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            self.watcher = None
 
     def on_output(self, out: Any) -> None:
         n = len(out.new_token_ids)
@@ -337,25 +344,26 @@ class Server:
             tracked.finished = True
             self.engine.abort(tracked.request_id)
 
+    def watch_disconnect(self, tracked: _Tracked, request: Request) -> None:
+        """A client that goes away aborts its request at once. One task waits for uvicorn's
+        disconnect message: no polling, so a waiting request costs nothing (polling every
+        in-flight request a few times a second was a busy server's largest cost)."""
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.abort(tracked)
+            tracked.queue.put_nowait(_CLIENT_GONE)
+
+        tracked.watcher = asyncio.get_running_loop().create_task(watch())
+
     async def next_output(self, tracked: _Tracked) -> Any:
-        """The next output; aborts the request if the client it watches has gone away."""
-        while True:
-            # Checked on a clock, not only when idle: outputs may arrive faster than the poll.
-            now = time.monotonic()
-            if tracked.watch is not None and now - tracked.last_poll >= DISCONNECT_POLL_S:
-                tracked.last_poll = now
-                if await tracked.watch.is_disconnected():
-                    self.abort(tracked)
-                    # Nobody reads this answer: the status only names the case in logs.
-                    raise APIError(499, "client disconnected", code="client_closed")
-            if not tracked.queue.empty():
-                return tracked.queue.get_nowait()
-            try:
-                # A timeout scope, not wait_for: no task per output.
-                async with asyncio.timeout(DISCONNECT_POLL_S):
-                    return await tracked.queue.get()
-            except TimeoutError:
-                continue
+        """The next output; APIError 499 once the client has gone away."""
+        out = await tracked.queue.get()
+        if out is _CLIENT_GONE:
+            # Nobody reads this answer: the status only names the case in logs.
+            raise APIError(499, "client disconnected", code="client_closed")
+        return out
 
     @staticmethod
     def raise_for_failure(out: Any) -> None:
@@ -404,6 +412,7 @@ class Server:
                 if out.finished:
                     return
         finally:
+            tracked.stop_watching()
             self.abort(tracked)
 
 
@@ -597,7 +606,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
             tracked = server.submit(
                 ids, params, priority=priority, tenant=tenant, incremental=incremental
             )
-            tracked.watch = request
+            server.watch_disconnect(tracked, request)
             text = IncrementalText(engine.tokenizer.decode, stops)
             pieces = server.generate(tracked, text)
             want_ids = body.return_token_ids
@@ -618,7 +627,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
                 return JSONResponse(answer.model_dump(), headers=_timing_headers(tracked))
             # Waits for the first piece before the 200 goes out (a timeout is still a 503).
             first = await anext(pieces)
-            tracked.watch = None
+            tracked.stop_watching()
 
             async def events() -> AsyncIterator[str]:
                 count = 0
