@@ -50,7 +50,9 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    ignore_eos: bool = Field(default=False, description="wok extension (benchmarks)")
+    ignore_eos: bool = Field(
+        default=False, description="vLLM extension: the output runs to max_tokens"
+    )
     return_token_ids: bool = Field(default=False, description="wok extension: the output ids")
     priority: Priority | None = Field(
         default=None, description="wok extension: a number (0 = most urgent) or a class name"
