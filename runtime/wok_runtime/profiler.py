@@ -3,14 +3,19 @@
 Why: the fleet simulator, `wok plan` and the simulated accelerator all predict a step as
 `a + b·decodes + c·prefill_tokens + d·context_tokens` (`wok_sim.profile.StepProfile`). The
 coefficients are only worth what their measurement is, so this module runs the real model runner
-and the engine's sampler on a grid of step shapes, times each shape (warm-up, median of repeats,
-synchronised on CUDA), and fits the four costs by non-negative least squares.
+and the engine's sampler on a grid of step shapes, times each shape (a warm-up pass, then the
+median over several passes through the whole grid in random orders, synchronised on CUDA), and
+fits the four costs by non-negative least squares.
 
 A grid point is `decodes` running sequences of mean context `context` (spread evenly over
 [context/2, 3·context/2], as the lengths of a live batch are) plus one prefill chunk of `prefill`
 prompt tokens from position 0. `context_tokens` is Σ over the step's inputs of the keys each one
 attends to (a decode at length n reads n; a chunk [s, s+p) reads s+p). Each input gets its own KV
 blocks of the engine's real pool, so KV reads stream from memory as in a full batch.
+
+On a CPU with one torch thread a step is timed by its thread's CPU time (`--clock auto`): the
+other processes of a shared machine then stretch it far less than wall time (they still share its
+caches and memory bandwidth, so the profile records the load average and each shape's spread).
 
 The fit weighs each point by 1/t: decode steps (milliseconds) matter to TPOT as much as prefill
 steps (seconds) do to TTFT, and plain least squares would fit only the slow ones. NNLS over four
@@ -61,9 +66,9 @@ class StepSample:
     decodes: int
     prefill_tokens: int
     context_tokens: int
-    seconds: float  # median of the repeats
-    spread: float = 0.0  # (max - min) / median of the repeats: the machine's noise
-    repeats: int = 1
+    seconds: float  # median over the timed passes
+    spread: float = 0.0  # (max - min) / median over the timed passes: the machine's noise
+    repeats: int = 1  # timed passes
     context: int = 0  # the grid's mean decode length, for the record
 
 
@@ -248,6 +253,7 @@ def time_step(
     warmup: int,
     repeats: int,
     min_seconds: float = MIN_SECONDS,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """Seconds of the model part of an engine step (the runner's forward, then the engine's
     sampler over every row, as when each input reaches its last token): at least `repeats`
@@ -261,12 +267,12 @@ def time_step(
     sync = _synchronizer(engine)
     times: list[float] = []
     for i in range(warmup + max(repeats, MAX_REPEATS)):
-        started = time.perf_counter()
+        started = clock()
         logits = engine.runner.forward(inputs)
         sampler.sample(logits, requests)
         sync()
         if i >= warmup:
-            times.append(time.perf_counter() - started)
+            times.append(clock() - started)
         # Fast shapes repeat until they fill `min_seconds`: their median is the noisiest.
         if len(times) >= repeats and sum(times) >= min_seconds:
             break
@@ -290,28 +296,55 @@ def measure(
     repeats: int,
     seed: int = 0,
     progress: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[StepSample]:
-    """Times every shape, in a seeded random order so that a drift of the machine's load does not
-    line up with one regressor."""
+    """Times every shape in `warmup` untimed passes, then `repeats` timed passes over the whole
+    grid, each in a fresh seeded random order: a drift of the machine's load over the minutes of a
+    run then touches every shape alike instead of the ones timed last. In a timed pass a fast
+    shape runs several times in a row (`MIN_SECONDS / repeats`) and counts by its median."""
     from tqdm import tqdm
 
-    order = list(shapes)
-    random.Random(seed).shuffle(order)
-    samples: list[StepSample] = []
     runner = engine.runner
-    for shape in tqdm(
-        order, desc="step shapes", unit="shape", file=sys.stderr, disable=not progress
-    ):
-        inputs = step_inputs(
-            shape, block_size=runner.block_size, max_model_len=engine.max_model_len
-        )
-        times = time_step(engine, inputs, warmup=warmup, repeats=repeats)
+    inputs = {
+        shape: step_inputs(shape, block_size=runner.block_size, max_model_len=engine.max_model_len)
+        for shape in shapes
+    }
+    passes: dict[StepShape, list[float]] = {shape: [] for shape in shapes}
+    rng = random.Random(seed)
+    bar = tqdm(
+        total=(warmup + repeats) * len(shapes),
+        desc="step shapes",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    with bar:
+        for number in range(warmup + repeats):
+            order = list(shapes)
+            rng.shuffle(order)
+            for shape in order:
+                if number < warmup:
+                    time_step(engine, inputs[shape], warmup=0, repeats=1, min_seconds=0)
+                else:
+                    times = time_step(
+                        engine,
+                        inputs[shape],
+                        warmup=0,
+                        repeats=1,
+                        min_seconds=MIN_SECONDS / repeats,
+                        clock=clock,
+                    )
+                    passes[shape].append(statistics.median(times))
+                bar.update(1)
+    samples = []
+    for shape in shapes:
+        times = passes[shape]
         median = statistics.median(times)
         samples.append(
             StepSample(
                 decodes=shape.decodes,
                 prefill_tokens=shape.prefill,
-                context_tokens=context_tokens(inputs),
+                context_tokens=context_tokens(inputs[shape]),
                 seconds=median,
                 spread=(max(times) - min(times)) / median,
                 repeats=len(times),
@@ -319,6 +352,19 @@ def measure(
             )
         )
     return sorted(samples, key=lambda s: (s.decodes, s.context, s.prefill_tokens))
+
+
+def pick_clock(choice: str, *, device_type: str, threads: int) -> tuple[Callable[[], float], str]:
+    """The clock that times a step, and its name for the record. `auto` is the thread's CPU time
+    on a one-thread CPU (a shared machine's other processes then only slow the step down in
+    wall time, which is not the device's cost) and wall time otherwise."""
+    if choice == "auto":
+        choice = "cpu" if device_type == "cpu" and threads == 1 else "wall"
+    if choice == "cpu":
+        if device_type != "cpu" or threads != 1:
+            raise ValueError("--clock cpu needs --device cpu and --threads 1 (a thread's CPU time)")
+        return time.thread_time, "cpu: the timing thread's CPU time (time.thread_time)"
+    return time.perf_counter, "wall (time.perf_counter, after torch.cuda.synchronize on CUDA)"
 
 
 def device_label(device_type: str) -> str:
@@ -380,8 +426,14 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
         help="torch threads (default: torch's; on a shared CPU 1 avoids OpenMP threads that "
         "spin-wait for each other)",
     )
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--clock",
+        choices=("auto", "wall", "cpu"),
+        default="auto",
+        help="what times a step (auto: the thread's CPU time with --threads 1 on CPU, else wall)",
+    )
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes over the grid first")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes over the whole grid")
     p.add_argument("--quick", action="store_true", help="a tiny grid, 2 repeats (for tests)")
     p.add_argument("--seed", type=int, default=0, help="order in which the shapes are timed")
     p.add_argument("--no-progress", action="store_true")
@@ -472,6 +524,9 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
     )
     if len(shapes) < 4:
         raise ValueError(f"the grid leaves {len(shapes)} step shapes that fit; 4 are needed")
+    clock, clock_name = pick_clock(
+        args.clock, device_type=runner.device.type, threads=_torch_threads()
+    )
     measure_started = time.monotonic()
     load_before = os.getloadavg()[0]  # what else ran on the machine, for the record
     samples = measure(
@@ -481,6 +536,7 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
         repeats=repeats,
         seed=args.seed,
         progress=not args.no_progress,
+        clock=clock,
     )
     fit = fit_step_costs(samples)
     record = fit_record(
@@ -491,6 +547,7 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
         repeats=repeats,
         measure_seconds=time.monotonic() - measure_started,
         settings={
+            "clock": clock_name,
             "dtype": dtype,
             "torch_threads": _torch_threads(),
             "load_average_1m": [load_before, os.getloadavg()[0]],
@@ -512,7 +569,7 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
         block_size=runner.block_size,
         max_model_len=max_model_len,
         load_seconds=round(load_seconds, 3),
-        notes=_notes(args.model, device_name, dtype, fit),
+        notes=_notes(args.model, device_name, fit, record),
         fit=record,
     )
 
@@ -536,8 +593,8 @@ def fit_record(
         "median_abs_rel_error": round(fit.median_abs_rel_error, 4),
         "max_abs_rel_error": round(fit.max_abs_rel_error, 4),
         "warmup": warmup,
-        "min_repeats": repeats,
-        "min_seconds_per_shape": MIN_SECONDS,
+        "passes": repeats,
+        "min_seconds_per_shape": MIN_SECONDS,  # over all passes; fast steps run more than once
         "median_spread": round(statistics.median(spreads), 4),
         "max_spread": round(max(spreads), 4),
         "measure_seconds": round(measure_seconds, 1),
@@ -552,19 +609,23 @@ def fit_record(
                 "seconds": round(s.seconds, 6),
                 "predicted": round(fit.predict(s.decodes, s.prefill_tokens, s.context_tokens), 6),
                 "spread": round(s.spread, 4),
-                "repeats": s.repeats,
+                "passes": s.repeats,
             }
             for s in samples
         ],
     }
 
 
-def _notes(model: str, device: str, dtype: str, fit: StepFit) -> str:
+def _notes(model: str, device: str, fit: StepFit, record: dict[str, Any]) -> str:
+    load = record["load_average_1m"]
     return (
-        f"Measured by `wok profile` on {model} ({dtype}, {device}): the runner's forward and the "
-        "engine's sampler, timed per step shape (median of repeats); the scheduler's own Python "
-        "per step is not in it. The machine is shared and noisy: each shape's spread of repeats "
-        f"is in fit.grid. Fit: R² {fit.r2:.4f}, median |relative error| "
+        f"Measured by `wok profile` on {model} ({record['dtype']}, {device}, "
+        f"{record['torch_threads']} torch thread(s)): the runner's forward and the engine's "
+        f"sampler, per step shape, timed by {record['clock']}, median over passes. The "
+        "scheduler's own Python per step is not in it. The machine is shared and noisy (1-minute "
+        f"load average {load[0]:.1f} before, {load[1]:.1f} after, on {os.cpu_count()} CPUs): "
+        "each shape's spread over the passes is in fit.grid (median "
+        f"{record['median_spread']:.0%}). Fit: R² {fit.r2:.4f}, median |relative error| "
         f"{fit.median_abs_rel_error:.1%}, max {fit.max_abs_rel_error:.1%}."
     )
 

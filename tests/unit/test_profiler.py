@@ -16,6 +16,7 @@ from wok_runtime.profiler import (
     decode_lengths,
     fit_step_costs,
     grid_shapes,
+    pick_clock,
     step_inputs,
 )
 from wok_sim.profile import StepProfile, load_profile
@@ -169,10 +170,20 @@ def test_wok_profile_quick_writes_a_valid_profile(tmp_path: Path, one_torch_thre
     # Default CPU pool: the largest quick decode batch (8) × max_model_len, in whole blocks.
     assert profile.kv_capacity_tokens == 8 * 512 and profile.step_token_budget == 2048
     grid = profile.fit["grid"]
-    assert len(grid) == 8 and all(row["seconds"] > 0 and row["repeats"] >= 2 for row in grid)
+    assert len(grid) == 8 and all(row["seconds"] > 0 and row["passes"] == 2 for row in grid)
     assert 0 <= profile.fit["median_abs_rel_error"] <= profile.fit["max_abs_rel_error"]
 
 
 def test_wok_profile_refuses_bad_grids(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["profile", "--decodes", "1,x", "--out", "/tmp/never.json"]) == 2
     assert "--decodes expects comma-separated integers" in capsys.readouterr().err
+
+
+def test_the_clock_is_cpu_time_only_where_one_thread_does_all_the_work() -> None:
+    import time
+
+    assert pick_clock("auto", device_type="cpu", threads=1)[0] is time.thread_time
+    assert pick_clock("auto", device_type="cpu", threads=2)[0] is time.perf_counter
+    assert pick_clock("auto", device_type="cuda", threads=1)[0] is time.perf_counter
+    with pytest.raises(ValueError, match="--threads 1"):
+        pick_clock("cpu", device_type="cpu", threads=4)
