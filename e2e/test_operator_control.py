@@ -1,9 +1,12 @@
 """The control loop end to end: real runtime pods under real load, scraped by a real Prometheus,
-moved by the real operator. A burst raises the batch first and replicas once the batch is at its
-cap; a quiet period lowers them only after the window; an SLO breach lowers the batch."""
+moved by the real operator. A burst raises the batch (a doubling sign-step on the queue) and the
+replicas (on measured demand); a quiet period brings the replicas down only after the window, the
+batch staying put; a P99 TPOT breach while the cap binds lowers the batch to its floor, where the
+SLO is reported unattainable."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -13,25 +16,30 @@ import httpx
 import pytest
 import yaml
 from operator_harness import OperatorProcess, condition, get_json, install_crds, kubectl, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.e2e
 
+SCALE_DOWN_WINDOW_S = 20
+TTFT_SLO_S = 600.0  # far off: phase 1 must scale on demand, not on a TTFT breach
 SPEC = {
     "model": {"source": "builtin:tiny", "dtype": "float32"},
     "runtime": {"gpuMemory": "256Mi", "cpu": "1", "memory": "1Gi", "drainSeconds": 5},
     "memory": {"maxModelLen": 512, "reserve": "16Mi"},
-    "batching": {"minBatchSize": 1, "initialBatchSize": 2, "maxBatchSize": 6, "step": 2},
+    # η_B 1: the doubling step is visible as 2 → 3 → 5 → 6 (the cap).
+    "batching": {"minBatchSize": 1, "initialBatchSize": 2, "maxBatchSize": 6, "step": 1},
     "queue": {"maxLength": 512, "timeoutSeconds": 300},
     "scaling": {
         "minReplicas": 1,
         "maxReplicas": 2,
         "targetQueuePerReplica": 2,
         "deadband": 0.5,
+        "targetUtilization": 0.7,
         "scaleUpStabilizationSeconds": 2,
-        "scaleDownStabilizationSeconds": 20,
+        "scaleDownStabilizationSeconds": SCALE_DOWN_WINDOW_S,
         "intervalSeconds": 2,
     },
-    "slo": {"p99LatencySeconds": 600, "windowSeconds": 10},
+    "slo": {"ttftP99Seconds": TTFT_SLO_S, "tpotP99Seconds": 5, "windowSeconds": 10},
 }
 
 
@@ -172,7 +180,28 @@ def ready_ips(kc, ns: str) -> list[str]:
     ]
 
 
-def test_burst_then_quiet_then_slo_breach(service):
+def slo_targets(operator_metrics: str) -> dict[str, float]:
+    """wok_operator_slo_p99_seconds of the service `loop`, by its `slo` label."""
+    return {
+        sample.labels["slo"]: sample.value
+        for family in text_string_to_metric_families(operator_metrics)
+        if family.name == "wok_operator_slo_p99_seconds"
+        for sample in family.samples
+        if sample.labels.get("inferenceservice") == "loop"
+    }
+
+
+def distinct(values: list[int | None]) -> list[int]:
+    """The values in order, repeats and unknowns dropped: the steps a knob took."""
+    steps: list[int] = []
+    for value in values:
+        if value is not None and (not steps or steps[-1] != value):
+            steps.append(value)
+    return steps
+
+
+@pytest.mark.timeout(600)
+def test_burst_then_quiet_then_tpot_breach(service):
     kc, ns, operator, recorder = service
     wait_for(lambda: ready_ips(kc, ns), "first runtime pod ready", 120)
     wait_for(
@@ -186,21 +215,24 @@ def test_burst_then_quiet_then_slo_breach(service):
         60,
     )
 
-    # 1. A burst: the batch rises to its cap first, then a replica is added.
+    # 1. A burst: 20 clients on a batch of 2 queue far past Q* + deadband. The batch climbs with a
+    # doubling step to its cap, and demand (20 sequences, 6 a pod at ρ 0.7) asks for more pods.
+    load_from = time.monotonic()
     load = Load(lambda: ready_ips(kc, ns), workers=20, max_tokens=300)
     try:
         wait_for(lambda: recorder.first(lambda s: s.replicas == 2), "scale-up to 2 replicas", 90)
+        wait_for(lambda: recorder.first(lambda s: s.batch == 6), "batch at its cap", 60)
         wait_for(lambda: len(ready_ips(kc, ns)) == 2, "second pod ready", 120)
     finally:
         load.stop()
     load_stopped = load.stopped_at
-    first_batch_up = recorder.first(lambda s: (s.batch or 0) > 2)
-    at_cap = recorder.first(lambda s: s.batch == 6)
-    scaled = recorder.first(lambda s: s.replicas == 2)
-    assert first_batch_up and at_cap and scaled
-    assert first_batch_up.t <= at_cap.t <= scaled.t, "replicas moved before the batch hit its cap"
-    assert "batch" in first_batch_up.reason and "queue" in first_batch_up.reason
     assert load.ok > 0 and not load.failures, load.failures[:5]
+    burst = [s for s in recorder.samples if load_from <= s.t <= load_stopped]
+    assert distinct([s.batch for s in burst]) == [2, 3, 5, 6], distinct([s.batch for s in burst])
+    first_batch_up = recorder.first(lambda s: (s.batch or 0) > 2)
+    assert "batch 2→3" in first_batch_up.reason and "queue" in first_batch_up.reason
+    scaled = recorder.first(lambda s: s.replicas == 2)
+    assert "replicas 1→2 (R* 2 > 1" in scaled.reason, scaled.reason
     # Every pod, the new one too, runs at the decided batch size (new pods read it at start).
     for ip in ready_ips(kc, ns):
         metrics = httpx.get(f"http://{ip}:8000/metrics", timeout=10).text
@@ -209,22 +241,25 @@ def test_burst_then_quiet_then_slo_breach(service):
             for line in metrics.splitlines()
         ), ip
 
-    # 2. Quiet: nothing moves down before the scale-down window has passed.
-    wait_for(
+    # 2. Quiet: demand falls to nothing, but the replicas come down only once R* < R has held for
+    # the whole window (it cannot start before the load stopped), and the batch, which moves on
+    # TPOT and the queue only, stays at its cap.
+    down = wait_for(
         lambda: recorder.first(lambda s: s.t > load_stopped and s.replicas == 1),
         "scale-down to 1 replica",
         120,
     )
-    first_down = recorder.first(
-        lambda s: s.t > load_stopped and ((s.replicas or 2) < 2 or (s.batch or 6) < 6)
-    )
-    assert first_down is not None and first_down.t - load_stopped >= 19, first_down
-    assert "short" in first_down.reason
+    assert down.t - load_stopped >= SCALE_DOWN_WINDOW_S, (down.t - load_stopped, down)
+    assert f"replicas 2→1 (R* ≤ 1 < 2 for {SCALE_DOWN_WINDOW_S}s" in down.reason, down.reason
+    quiet = [s for s in recorder.samples if load_stopped <= s.t <= down.t]
+    assert all(s.batch == 6 for s in quiet), distinct([s.batch for s in quiet])
 
-    # 3. An SLO breach lowers the batch (the service time itself is over the objective); a long
-    # scale-down window rules out the short-queue rule as the cause.
+    # 3. A TPOT breach lowers the batch. No batch meets a 0.1 ms TPOT, so the batch walks down to
+    # its floor and the SLO is reported unattainable there. Eight clients on one pod keep the cap
+    # binding (running >= 0.8 · batch): only then is the batch what sets the step time. One
+    # replica at most, so demand cannot spread the load thin and unbind the cap.
     wait_for(lambda: len(ready_ips(kc, ns)) == 1, "back to one pod", 60)
-    batch_before = recorder.samples[-1].batch
+    tpot_slo_s = 0.0001
     kubectl(
         kc,
         "patch",
@@ -234,22 +269,41 @@ def test_burst_then_quiet_then_slo_breach(service):
         ns,
         "--type=merge",
         "-p",
-        '{"spec": {"slo": {"p99LatencySeconds": 0.05},'
-        ' "scaling": {"scaleDownStabilizationSeconds": 3600}}}',
+        json.dumps(
+            {"spec": {"slo": {"tpotP99Seconds": tpot_slo_s}, "scaling": {"maxReplicas": 1}}}
+        ),
     )
     breach_from = time.monotonic()
-    load = Load(lambda: ready_ips(kc, ns), workers=2, max_tokens=64)
+    load = Load(lambda: ready_ips(kc, ns), workers=8, max_tokens=64)
     try:
         lowered = wait_for(
-            lambda: recorder.first(lambda s: s.t > breach_from and (s.batch or 99) < batch_before),
-            "batch lowered on SLO breach",
+            lambda: recorder.first(lambda s: s.t > breach_from and (s.batch or 99) < 6),
+            "batch lowered on a TPOT breach",
             90,
         )
+        wait_for(
+            lambda: (
+                (condition(get_json(kc, "wis", "loop", "-n", ns), "SLOUnattainable") or {}).get(
+                    "status"
+                )
+                == "True"
+            ),
+            "SLOUnattainable at the batch floor",
+            90,
+        )
+        wis = get_json(kc, "wis", "loop", "-n", ns)
     finally:
         load.stop()
-    assert "SLO" in lowered.reason or "P99" in lowered.reason
-    wis = get_json(kc, "wis", "loop", "-n", ns)
+    assert not load.failures, load.failures[:5]
+    assert "batch 6→5" in lowered.reason and "TPOT" in lowered.reason, lowered.reason
+    assert "at the cap" in lowered.reason, lowered.reason
+    assert wis["status"]["batchSize"] == 1
     assert condition(wis, "SLOBreached")["status"] == "True"
+    unattainable = condition(wis, "SLOUnattainable")
+    assert "TPOT" in unattainable["message"] and "smallest batch 1" in unattainable["message"]
+    # Down steps stay η_B (each waits for the windowed P99): 6 → 5 → 4 → 3 → 2 → 1.
+    breach = [s for s in recorder.samples if s.t >= breach_from]
+    assert distinct([s.batch for s in breach]) == [6, 5, 4, 3, 2, 1]
 
     # Throughout: never above the memory cap; every step explained in an Event.
     assert all(s.batch is None or s.batch <= min(6, s.mem_cap or 6) for s in recorder.samples)
@@ -266,5 +320,8 @@ def test_burst_then_quiet_then_slo_breach(service):
     )
     assert "BatchChanged" in events and "ReplicasChanged" in events
     decisions = operator.metrics()
-    assert 'wok_operator_decisions_total{direction="up",knob="batch"}' in decisions
-    assert 'wok_operator_decisions_total{direction="up",knob="replicas"}' in decisions
+    for knob in ("batch", "replicas"):
+        for direction in ("up", "down"):
+            sample = f'wok_operator_decisions_total{{direction="{direction}",knob="{knob}"}}'
+            assert sample in decisions, sample
+    assert slo_targets(decisions) == {"ttft": TTFT_SLO_S, "tpot": tpot_slo_s}
