@@ -121,7 +121,7 @@ class BatchingSpec(ApiModel):
     max_batch_size: int = Field(
         default=256, ge=1, le=4096, description="B_max; the memory budget (B_mem) caps it too."
     )
-    initial_batch_size: int = Field(default=8, ge=1, le=4096)
+    initial_batch_size: int = Field(default=32, ge=1, le=4096)
     max_wait_ms: int = Field(default=10, ge=0, le=60_000)
     step: int = Field(
         default=4,
@@ -173,7 +173,11 @@ class MemorySpec(ApiModel):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=0.98)
     max_model_len: int = Field(default=2048, ge=16, le=1 << 20)
     reserve: Quantity = Field(default="512Mi", description="Kept free for the CUDA context etc.")
-    length_estimate: Literal["maxModelLen", "observedMean"] = "maxModelLen"
+    length_estimate: Literal["maxModelLen", "observedMean"] = Field(
+        default="observedMean",
+        description="L in B_mem: the observed mean sequence length (maxModelLen until one is "
+        "known), or always maxModelLen (no preemption ever, a far smaller batch).",
+    )
     kv_usage_ceiling: float = Field(
         default=0.95, gt=0, le=1, description="KV usage above this pushes the batch down."
     )
@@ -183,10 +187,14 @@ class ScalingSpec(ApiModel):
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=4, ge=0, le=1000)
     max_step: int = Field(
-        default=4, ge=1, le=100, description="The most replicas one decision adds or removes."
+        default=4,
+        ge=1,
+        le=100,
+        description="The most replicas one decision adds (a scale-down goes straight to the "
+        "largest need of its stabilization window).",
     )
     target_utilization: float = Field(
-        default=0.7,
+        default=0.6,
         gt=0,
         le=1,
         description="ρ: the share of each pod's batch slots that demand may fill; the rest is "
@@ -200,7 +208,10 @@ class ScalingSpec(ApiModel):
         default=10, ge=0, le=3600, description="Demand must ask for more pods this long."
     )
     scale_down_stabilization_seconds: int = Field(
-        default=180, ge=0, le=86_400, description="Demand must ask for fewer pods this long."
+        default=300,
+        ge=0,
+        le=86_400,
+        description="Demand must ask for fewer pods this long (the HPA's default window).",
     )
     pod_start_seconds: int = Field(
         default=90,
@@ -319,6 +330,7 @@ class MemoryStatus(ApiModel):
     reserve_bytes: int
     kv_bytes_per_token: int
     max_batch_by_memory: int
+    sequence_length: int | None = None  # L of B_mem: maxModelLen or the observed mean
 
 
 class DecisionInputs(ApiModel):
@@ -359,6 +371,9 @@ class LoopMemory(ApiModel):
     down_target: int | None = None
     last_scale_up: float | None = None
     last_replica_change: float | None = None
+    service_rate: float | None = None
+    in_flight: float | None = None
+    in_flight_at: float | None = None
 
 
 class InferenceServiceStatus(ApiModel):

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from wok_operator.api import Architecture, InferenceServiceSpec, quantity_bytes
+from wok_operator.api import Architecture, InferenceServiceSpec, MemorySpec, quantity_bytes
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -252,6 +252,20 @@ def architecture_for(spec: InferenceServiceSpec) -> Architecture:
     if spec.model.preset is not None:
         return preset(spec.model.preset)
     return preset(spec.model.source.removeprefix("builtin:"))
+
+
+def sequence_length(
+    memory: MemorySpec, mean_sequence_tokens: float | None, last: int | None = None
+) -> int:
+    """L of B_mem: the observed mean length when the spec asks for it (the runtime's block
+    manager overcommits and preempts, like vLLM, so a sequence longer than the mean costs a
+    preemption, not an out-of-memory); while none is observed (a quiet window) the last one stays
+    in force; else maxModelLen."""
+    if memory.length_estimate != "observedMean":
+        return memory.max_model_len
+    if mean_sequence_tokens:
+        return min(memory.max_model_len, max(1, round(mean_sequence_tokens)))
+    return min(memory.max_model_len, last) if last else memory.max_model_len
 
 
 def plan_for_spec(

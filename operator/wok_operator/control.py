@@ -17,8 +17,8 @@ The batch keeps the brief's clipped sign-step, on what the batch controls:
 
 η doubles while the direction repeats (1, 2, 4, … × η_B, at most the distance to the bound) and
 falls back to η_B when it changes or holds, so a cold start reaches its working batch in a few ticks
-and a breach is still corrected one step at a time; a decrease waits `scale_up_window` for the last
-one to show in the windowed P99.
+and a breach is still corrected one step at a time; a decrease waits for the last one to show in
+the windowed P99 (the SLO window), and so does a raise after a decrease.
 
 The replicas follow the measured demand (Little's law on the gauges, not on a lagging P99):
 
@@ -132,6 +132,8 @@ class Observation:
     p99_seconds: float | None = None  # end to end, misses included
     p99_service_seconds: float | None = None  # first scheduled to last token
     reporting_replicas: int | None = None  # ready pods whose metrics came in (None: all)
+    finished_per_s: float | None = None  # completions over the SLO window, all pods
+    rejected_per_s: float | None = None  # 429s and queue timeouts over the SLO window
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,9 @@ class LoopState:
     down_target: int | None = None  # the largest ask in that time (scale down to it)
     last_scale_up: float | None = None
     last_replica_change: float | None = None
+    service_rate: float | None = None  # requests/s a saturated pod completed, last measured
+    in_flight: float | None = None  # requests in the pods (running + waiting) at the last tick
+    in_flight_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -206,30 +211,43 @@ class _BatchStep:
     why: str
 
 
+def _showing_s(p: LawParams) -> float:
+    """How long a batch step takes to show in the windowed P99."""
+    return max(p.scale_up_window_s, p.slo_window_s)
+
+
+def _cap_binds(batch: int, obs: Observation) -> bool:
+    """The batch cap is what limits the running set (else lowering it changes nothing)."""
+    running = obs.running_per_replica
+    return _known(running) and running >= 0.8 * batch  # type: ignore[operator]
+
+
 def _batch_step(
     state: LoopState, batch: int, obs: Observation, p: LawParams, now: float
 ) -> _BatchStep:
     """The sign-step on the batch, with the step doubling while its direction repeats."""
     queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
     tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
-    tpot_headroom = not _known(obs.p99_tpot_seconds) or not _above(
-        obs.p99_tpot_seconds, 0.8 * p.slo_tpot_s
-    )
     kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
+    # After a TPOT-driven decrease the windowed P99 still holds the old batch: no raise until the
+    # window has seen the new one, or the batch would climb straight back into the breach.
+    recently_lowered = not _quiet_since(state.last_batch_decrease, now, _showing_s(p))
     direction, why = 0, ""
-    if tpot_breached:
-        if _quiet_since(state.last_batch_decrease, now, p.scale_up_window_s):
+    if tpot_breached and _cap_binds(batch, obs):
+        if _quiet_since(state.last_batch_decrease, now, _showing_s(p)):
             direction = -1
-            why = f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s"
+            why = f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the cap"
         else:
             why = "P99 TPOT above SLO, waiting for the last step to show"
+    elif tpot_breached:
+        why = "P99 TPOT above SLO below the cap: step time comes from load, not from the batch"
     elif kv_full:
         why = f"KV usage {obs.kv_usage:.0%} > ceiling {p.kv_usage_ceiling:.0%}: pods at their cap"
-    elif queue > p.target_queue + p.deadband and tpot_headroom:
+    elif queue > p.target_queue + p.deadband and not recently_lowered:
         direction = 1
-        why = f"queue {queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g} with TPOT headroom"
+        why = f"queue {queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g}"
     elif queue > p.target_queue + p.deadband:
-        why = "queue long but TPOT near its SLO"
+        why = "queue long, but the batch was lowered for TPOT within the window"
     if direction == 0:
         return _BatchStep(batch, 0, 0, why)
     run = state.batch_run + 1 if direction == state.batch_direction else 1
@@ -242,33 +260,82 @@ def _batch_step(
     return _BatchStep(new_batch, direction, run, why)
 
 
-def _capacity_per_replica(
-    batch: int, batch_moving_up: bool, obs: Observation, p: LawParams
-) -> float:
-    """Sequences one pod can run at the operating point the batch is heading for."""
-    tpot_binds = _above(obs.p99_tpot_seconds, 0.8 * p.slo_tpot_s)
-    capacity = float(batch if tpot_binds or not batch_moving_up else p.batch_cap)
+def _capacity_per_replica(batch: int, obs: Observation, p: LawParams) -> float:
+    """Sequences one pod can run: the batch, or fewer when the KV cache binds first."""
+    capacity = float(batch)
     if (
         _known(obs.kv_usage)
         and obs.kv_usage > 0.05  # type: ignore[operator]
         and _known(obs.running_per_replica)
         and obs.running_per_replica > 0  # type: ignore[operator]
     ):
-        # KV binds before the batch: a pod holds what memory allows (the fullest pod's usage).
+        # A pod holds what memory allows (judged by the fullest pod's usage).
         by_memory = obs.running_per_replica * p.kv_usage_ceiling / obs.kv_usage  # type: ignore[operator]
         capacity = min(capacity, by_memory)
     return max(capacity, 1.0)
 
 
-def _desired_replicas(capacity: float, obs: Observation, p: LawParams) -> tuple[int, float]:
+def _in_flight(obs: Observation) -> float | None:
+    """Requests in the reporting pods (running + waiting), or None when either is unknown."""
+    if not _known(obs.running_per_replica) or not _known(obs.queue_per_replica):
+        return None
+    ready = obs.ready_replicas
+    reporting = ready if obs.reporting_replicas is None else min(obs.reporting_replicas, ready)
+    return (obs.running_per_replica + obs.queue_per_replica) * reporting  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class _Demand:
+    replicas: int  # R*
+    text: str
+    service_rate: float | None  # requests/s one pod completes when saturated, last measured
+
+
+def _demand(
+    capacity: float, obs: Observation, p: LawParams, service_rate: float | None, growth: float
+) -> _Demand:
+    """R* from two limits of a pod, whichever needs more pods:
+    - slots (Little's law on the gauges): running + waiting over ρ · capacity;
+    - throughput: arrivals (completions + refusals + the growth of the requests in flight since
+      the last tick, plus a backlog drained within one SLO window) over ρ · μ, with μ the
+      requests/s a pod completes when saturated (a queue), measured then and remembered.
+      Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
+      term sees them, and it keeps a scale-down from undoing what a burst taught."""
     ready = obs.ready_replicas
     reporting = ready if obs.reporting_replicas is None else min(obs.reporting_replicas, ready)
     running = obs.running_per_replica if _known(obs.running_per_replica) else 0.0
     queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
     # A ready pod whose scrape failed is counted as full: the queue must not look short exactly
     # when a pod is overloaded.
-    demand = (running + queue) * reporting + (ready - reporting) * capacity  # type: ignore[operator]
-    return math.ceil(demand / (p.target_utilization * capacity) - 1e-9), demand
+    sequences = (running + queue) * reporting + (ready - reporting) * capacity  # type: ignore[operator]
+    by_slots = math.ceil(sequences / (p.target_utilization * capacity) - 1e-9)
+    text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {p.target_utilization:g}"
+    finished = obs.finished_per_s
+    if not _known(finished) or finished <= 0:  # type: ignore[operator]
+        return _Demand(by_slots, text, service_rate)
+    saturated = queue > p.target_queue + p.deadband
+    if saturated:
+        # The windowed rate of a pod that saturated partway through the window reads low: keep
+        # the best rate a saturated pod has shown (a mix that got slower saturates pods sooner,
+        # and the TTFT rule adds pods for it).
+        sample = finished / ready  # type: ignore[operator]
+        service_rate = sample if service_rate is None else max(service_rate, sample)
+    if service_rate is None:
+        return _Demand(by_slots, text, service_rate)
+    rejected = obs.rejected_per_s if _known(obs.rejected_per_s) else 0.0
+    backlog = queue * reporting / p.slo_window_s if saturated else 0.0
+    # Completions and refusals are rates over the SLO window and lag a burst; the growth of the
+    # requests in flight is the tick's own view of the arrivals they have not caught up with.
+    arrivals = finished + rejected + backlog + growth  # type: ignore[operator]
+    by_rate = math.ceil(arrivals / (p.target_utilization * service_rate) - 1e-9)
+    if by_rate <= by_slots:
+        return _Demand(by_slots, text, service_rate)
+    return _Demand(
+        by_rate,
+        f"{arrivals:.1f} req/s to serve, {service_rate:.2f}/pod when saturated, at ρ "
+        f"{p.target_utilization:g}",
+        service_rate,
+    )
 
 
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
@@ -294,22 +361,37 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         return decision
 
     step = _batch_step(state, batch, obs, p, now)
-    capacity = _capacity_per_replica(step.batch, step.direction > 0, obs, p)
-    desired, demand = _desired_replicas(capacity, obs, p)
-    desired = p.clip_replicas(desired)
+    # The batch is the fast knob: size the fleet for the batch it is heading for.
+    heading = p.batch_cap if step.direction > 0 else step.batch
+    in_flight = _in_flight(obs)
+    growth = 0.0
+    last, last_at = state.in_flight, state.in_flight_at
+    if in_flight is not None and last is not None and last_at is not None and now > last_at:
+        growth = max(0.0, in_flight - last) / (now - last_at)
+    capacity = _capacity_per_replica(heading, obs, p)
+    demand = _demand(capacity, obs, p, state.service_rate, growth)
+    desired = p.clip_replicas(demand.replicas)
+    demand_text = demand.text
     ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
     tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
     queueing = obs.queue_per_replica > 0  # type: ignore[operator]
-    demand_text = f"demand {demand:.0f} seqs, {capacity:.0f}/pod at ρ {p.target_utilization:g}"
+    # Latency breaches that no batch step can fix: queueing (TTFT) or step time from load (TPOT
+    # below the cap). One more pod, once the last one could show in the windowed P99.
+    lagging_breach = (ttft_breached and queueing) or (tpot_breached and not _cap_binds(batch, obs))
 
-    up_since = (
-        (state.up_since if state.up_since is not None else now) if desired > replicas else None
-    )
-    up_target = min(desired, state.up_target or desired) if up_since is not None else None
-    down_since = (
-        (state.down_since if state.down_since is not None else now) if desired < replicas else None
-    )
-    down_target = max(desired, state.down_target or desired) if down_since is not None else None
+    # The smallest ask while demand keeps asking for more (a spike must persist), the largest
+    # while it keeps asking for fewer (the stabilized scale-down); a new episode starts afresh.
+    up_since = up_target = down_since = down_target = None
+    if desired > replicas:
+        up_since = state.up_since if state.up_since is not None else now
+        up_target = desired if state.up_since is None else min(desired, state.up_target or desired)
+        up_target = max(up_target, replicas + 1)
+    elif desired < replicas:
+        down_since = state.down_since if state.down_since is not None else now
+        down_target = (
+            desired if state.down_since is None else max(desired, state.down_target or desired)
+        )
+        down_target = min(down_target, replicas - 1)
 
     new_replicas, replicas_why = replicas, ""
     # A lagging signal (windowed P99) may ask again only once the last step could show in it.
@@ -318,10 +400,18 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         new_replicas = min(up_target, replicas + p.replicas_max_step)
         replicas_why = f"R* {desired} > {replicas} ({demand_text})"
     elif (
-        ttft_breached and queueing and settled and replicas < p.replicas_max and desired >= replicas
+        lagging_breach
+        and settled
+        and not obs.pending_replicas  # pods on their way are the answer already
+        and replicas < p.replicas_max
+        and desired >= replicas
     ):
         new_replicas = replicas + 1
-        replicas_why = f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a queue"
+        replicas_why = (
+            f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a queue"
+            if ttft_breached and queueing
+            else f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s below the cap"
+        )
     elif (
         down_since is not None
         and down_target is not None
@@ -329,7 +419,8 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         and not (ttft_breached or tpot_breached)
         and step.direction == 0
     ):
-        new_replicas = max(down_target, replicas - p.replicas_max_step)
+        # Straight to the largest ask of the window: it already is the stabilized answer.
+        new_replicas = down_target
         replicas_why = (
             f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand_text})"
         )
@@ -340,7 +431,11 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         notes.append(f"{obs.pending_replicas} pod(s) still starting count as capacity")
 
     unattainable = None
-    if tpot_breached and batch <= p.batch_floor:
+    if (
+        tpot_breached
+        and batch <= p.batch_floor
+        and _quiet_since(state.last_batch_decrease, now, _showing_s(p))
+    ):
         unattainable = (
             f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the smallest "
             f"batch {p.batch_floor}: no batch size meets it"
@@ -371,6 +466,9 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         down_target=down_target,
         last_scale_up=now if new_replicas > replicas else state.last_scale_up,
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
+        service_rate=demand.service_rate,
+        in_flight=in_flight,
+        in_flight_at=now if in_flight is not None else None,
     )
     kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
     return Decision(

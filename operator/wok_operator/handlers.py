@@ -22,7 +22,7 @@ from wok_operator import conditions as cond
 from wok_operator import metrics
 from wok_operator.actuate import Kube, push_batch_size
 from wok_operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec
-from wok_operator.budget import MemoryBudget, plan_for_spec
+from wok_operator.budget import MemoryBudget, plan_for_spec, sequence_length
 from wok_operator.control import Decision, LawParams
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
@@ -77,15 +77,12 @@ def ensure_leading(wok: Shared) -> None:
         wok.leadership.ensure_holds()
 
 
-def batch_mem_in_force(spec: InferenceServiceSpec, plan: MemoryBudget, status: Any) -> int:
-    """B_mem as the control loop last sized it. With `lengthEstimate: observedMean` that comes from
-    the observed lengths, which a reconcile cannot see: clipping with the maxModelLen plan there
-    would cut the batch at every spec edit."""
-    if spec.memory.length_estimate == "observedMean":
-        last = (status or {}).get("memory", {}).get("maxBatchByMemory")
-        if isinstance(last, int) and last > 0:
-            return last
-    return plan.max_batch_size
+def budget_in_force(spec: InferenceServiceSpec, plan: MemoryBudget, status: Any) -> MemoryBudget:
+    """The budget as the control loop last sized it. With `lengthEstimate: observedMean` that
+    comes from the observed lengths, which a reconcile cannot see: clipping with the maxModelLen
+    plan there would cut the batch at every spec edit (256 → 51 in examples/production.yaml)."""
+    last_length = ((status or {}).get("memory") or {}).get("sequenceLength")
+    return budget_for(spec, plan, ServiceSignals(), last_length)
 
 
 def validated(spec: Any) -> tuple[InferenceServiceSpec, MemoryBudget]:
@@ -142,7 +139,8 @@ def reconcile(
         kopf.warn(body, reason="InvalidSpec", message=str(error))
         metrics.RECONCILE_ERRORS.inc()
         return
-    params = LawParams.from_spec(parsed, batch_mem=batch_mem_in_force(parsed, plan, status))
+    plan = budget_in_force(parsed, plan, status)
+    params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
     state = state_from_status(dict(status), parsed, params)
     batch, replicas = params.clip_batch(state.batch), params.clip_replicas(state.replicas)
 
@@ -265,7 +263,8 @@ class ServiceTick:
         if "batchSize" not in status:
             return  # not reconciled yet
         signals, metrics_error = await self.observe(spec)
-        plan = budget_for(spec, plan, signals)
+        last_length = (status.get("memory") or {}).get("sequenceLength")
+        plan = budget_for(spec, plan, signals, last_length)
         params = LawParams.from_spec(spec, batch_mem=plan.max_batch_size)
         result = control_tick(
             spec,
@@ -353,13 +352,16 @@ class ServiceTick:
 
 
 def budget_for(
-    spec: InferenceServiceSpec, plan: MemoryBudget, signals: ServiceSignals
+    spec: InferenceServiceSpec,
+    plan: MemoryBudget,
+    signals: ServiceSignals,
+    last_length: int | None = None,
 ) -> MemoryBudget:
     """B_mem for the lengths being served, when the spec asks for the observed mean."""
-    if spec.memory.length_estimate == "observedMean" and signals.mean_sequence_tokens:
-        length = min(spec.memory.max_model_len, max(1, round(signals.mean_sequence_tokens)))
-        return plan_for_spec(spec, sequence_length=length)
-    return plan
+    length = sequence_length(spec.memory, signals.mean_sequence_tokens, last_length)
+    if length == plan.sequence_length:
+        return plan
+    return plan_for_spec(spec, sequence_length=length)
 
 
 def export_service_metrics(

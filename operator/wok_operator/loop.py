@@ -71,6 +71,8 @@ def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
         p99_seconds=signals.p99_seconds,
         p99_service_seconds=signals.p99_service_seconds,
         reporting_replicas=reporting if ready else None,
+        finished_per_s=signals.finished_per_s,
+        rejected_per_s=signals.rejected_per_s,
     )
 
 
@@ -128,6 +130,7 @@ def memory_status(plan: MemoryBudget) -> dict[str, int]:
         "reserveBytes": plan.reserve_bytes,
         "kvBytesPerToken": plan.kv_bytes_per_token,
         "maxBatchByMemory": plan.max_batch_size,
+        "sequenceLength": plan.sequence_length,
     }
 
 

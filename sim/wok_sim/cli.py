@@ -9,6 +9,7 @@ or the runtime's dependencies.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -18,9 +19,13 @@ from typing import TYPE_CHECKING, Any
 from wok_sim import plan_cli
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
+    from wok_sim.profile import StepProfile
     from wok_sim.report import PolicyResult, Slos
+    from wok_sim.traces import TraceRequest
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "azure_llm_2023_code.csv"
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
@@ -115,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
         slo_tpot_s=slos.tpot_s,
         slo_e2e_s=slos.e2e_s,
         max_replicas=args.max_replicas,
-        batch_mem=profile.kv_capacity_tokens // profile.max_model_len,
+        batch_mem=batch_mem_of(profile, requests),
         cold_start_s=args.cold_start,
         requests=tuple(requests),
+        start_replicas=warm_start(profile, requests, slos),
     )
     names = resolve(args.policy)
     registry = load_registry()
@@ -146,6 +152,36 @@ def run(args: argparse.Namespace) -> int:
         for path in write_plots(chosen, slos, args.plot):
             print(f"plot: {path}", file=sys.stderr)
     return 0
+
+
+def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
+    """B_mem as the operator settles it with `lengthEstimate: observedMean` (the default): the
+    KV pool over the trace's mean sequence length."""
+    from wok_sim.traces import clip_to_model
+
+    clipped, _ = clip_to_model(list(requests), profile.max_model_len)
+    mean = sum(r.prompt_tokens + r.output_tokens for r in clipped) / max(len(clipped), 1)
+    return max(1, int(profile.kv_capacity_tokens // max(mean, 1.0)))
+
+
+def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slos) -> int:
+    """Every autoscaler starts with the fleet the planner sizes for the busiest minute of the
+    first five, as a service already running when the trace begins would be sized for the load
+    it has just seen (starting cold at one pod would charge each policy for a ramp the trace
+    never asked for)."""
+    from wok_sim.plan import LengthMix, replica_capacity
+
+    times = sorted(r.arrival_s for r in requests if r.arrival_s < 300.0)
+    if not times:
+        return 1
+    busiest, lo = 0, 0
+    for hi, t in enumerate(times):
+        while times[lo] < t - 60.0:
+            lo += 1
+        busiest = max(busiest, hi - lo + 1)
+    mix = LengthMix.of_requests(requests, profile.max_model_len)
+    per_replica = replica_capacity(profile, mix, profile.kv_blocks, slos)
+    return max(1, math.ceil(busiest / 60.0 / per_replica))
 
 
 def _run_all(

@@ -31,9 +31,10 @@ class PolicyContext:
     slo_tpot_s: float
     slo_e2e_s: float | None  # None: no end-to-end SLO
     max_replicas: int
-    batch_mem: int  # the most sequences of max_model_len tokens the KV pool holds
+    batch_mem: int  # the most sequences of the trace's mean length the KV pool holds
     cold_start_s: float
     requests: tuple[TraceRequest, ...]  # the arrivals (a static fleet may size itself on them)
+    start_replicas: int = 1  # every autoscaler's fleet at t = 0 (the planner's, for minute one)
 
     def sweep_batches(self) -> list[int]:
         """The fixed batch sizes a baseline is swept over: B ≤ B_mem (at least the smallest)."""

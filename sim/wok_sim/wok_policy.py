@@ -10,12 +10,14 @@ as the operator carries it in status.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from wok_operator import control
 from wok_operator.api import InferenceServiceSpec, ScalingSpec, SLOSpec
+from wok_operator.budget import sequence_length
 from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
-from wok_operator.loop import initial_state, observe
+from wok_operator.loop import control_tick, initial_state
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 
@@ -35,10 +37,11 @@ def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:
     else:  # the spec before per-phase SLOs: one end-to-end P99
         slo = {"p99_latency_seconds": ctx.slo_e2e_s or 5.0}
     scaling: dict[str, Any] = {"min_replicas": 1, "max_replicas": ctx.max_replicas}
+    memory = {"max_model_len": ctx.profile.max_model_len}
     if "pod_start_seconds" in ScalingSpec.model_fields:
         # The deployment's own start time, as its owner would write it in the spec.
         scaling["pod_start_seconds"] = round(ctx.cold_start_s)
-    return InferenceServiceSpec.model_validate({"slo": slo, "scaling": scaling})
+    return InferenceServiceSpec.model_validate({"slo": slo, "scaling": scaling, "memory": memory})
 
 
 class LawPolicy:
@@ -47,19 +50,35 @@ class LawPolicy:
     fixed_batch: int | None = None
 
     def __init__(self, name: str, law: Law, ctx: PolicyContext) -> None:
-        spec = simulated_spec(ctx)
+        self.spec = simulated_spec(ctx)
         self.name = name
         self.law = law
-        self.params = LawParams.from_spec(spec, batch_mem=ctx.batch_mem)
-        self.interval_s = float(spec.scaling.interval_seconds)
-        self.state = initial_state(spec, self.params)
+        self.kv_tokens = ctx.profile.kv_capacity_tokens
+        self.length: int | None = None
+        params = LawParams.from_spec(self.spec, batch_mem=self.batch_mem(None))
+        self.interval_s = float(self.spec.scaling.interval_seconds)
+        self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
+
+    def batch_mem(self, mean_sequence_tokens: float | None) -> int:
+        """B_mem as the operator sizes it (`handlers.budget_for`) from the same signal; without
+        one (no completions in the window) the last length stays in force, as in status."""
+        self.length = sequence_length(self.spec.memory, mean_sequence_tokens, self.length)
+        return self.kv_tokens // self.length
 
     def start(self) -> Action:
         return Action(batch=self.state.batch, replicas=self.state.replicas, reason="initial state")
 
     def decide(self, view: FleetView) -> Action:
-        obs = observe(view.signals, view.pod_views)
-        decision = self.law(self.state, obs, self.params, view.now)
+        result = control_tick(
+            self.spec,
+            self.state,
+            view.signals,
+            view.pod_views,
+            batch_mem=self.batch_mem(view.signals.mean_sequence_tokens),
+            now=view.now,
+            law=self.law,
+        )
+        decision = result.decision
         self.state = decision.state
         return Action(batch=decision.batch, replicas=decision.replicas, reason=decision.reason)
 

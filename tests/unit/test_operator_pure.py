@@ -1,15 +1,24 @@
 """The operator's pure parts: manifests, conditions, the tick's observation and status, PromQL."""
 
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_operator.control import LawParams, LoopState, Observation, decide
 from wok_operator.leader import LeaseTimes
-from wok_operator.loop import PodView, decision_status, observe, pod_view, state_from_status
+from wok_operator.loop import (
+    PodView,
+    decision_status,
+    memory_status,
+    observe,
+    pod_view,
+    state_from_status,
+)
 from wok_operator.resources import (
     BATCH_SIZE_KEY,
     desired_batching_configmap,
@@ -18,6 +27,8 @@ from wok_operator.resources import (
     runtime_args,
 )
 from wok_operator.signals import Round, ServiceSignals, parse_vector, round_queries
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SPEC = InferenceServiceSpec.model_validate(
     {
@@ -132,7 +143,7 @@ def test_state_round_trips_through_status():
     status = decision_status(d, long_queue, previous_conditions=None, generation=1, now="t")
     restored = state_from_status(status, SPEC, params)
     assert restored == d.state
-    assert status["lastDecision"]["batch"] == {"from": 8, "to": 12}
+    assert status["lastDecision"]["batch"] == {"from": 32, "to": 36}
     assert status["lastDecision"]["inputs"]["desiredReplicas"] == d.desired_replicas
     types = {c["type"]: c["status"] for c in status["conditions"]}
     assert types["Ready"] == "True" and types["MetricsUnavailable"] == "False"
@@ -180,3 +191,20 @@ def test_lease_times_keep_a_margin_between_deadline_and_duration():
         LeaseTimes(lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
     with pytest.raises(ValueError, match="renew deadline must exceed"):
         LeaseTimes(lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
+
+
+def test_a_reconcile_keeps_the_batch_cap_the_loop_sized_from_observed_lengths():
+    """Diagnosis 4: a spec edit must not cut the batch to the maxModelLen B_mem (256 → 51)."""
+    from wok_operator.handlers import budget_in_force, validated  # imports kopf: only here
+
+    document = yaml.safe_load((ROOT / "examples" / "production.yaml").read_text())
+    spec, plan = validated(document["spec"])
+    assert spec.memory.length_estimate == "observedMean"
+    in_force = budget_in_force(spec, plan, {"memory": {"sequenceLength": 1500}})
+    assert in_force.sequence_length == 1500
+    assert in_force.max_batch_size > 4 * plan.max_batch_size
+    assert budget_in_force(spec, plan, {}).max_batch_size == plan.max_batch_size
+    status = memory_status(in_force)
+    assert (
+        status["sequenceLength"] == 1500 and status["maxBatchByMemory"] == in_force.max_batch_size
+    )

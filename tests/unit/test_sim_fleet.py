@@ -51,11 +51,15 @@ def context(**overrides: object) -> PolicyContext:
 
 def test_the_simulator_runs_the_operators_own_law():
     assert wok_policy.decide is control.decide
-    assert wok_policy.observe is loop.observe
+    assert wok_policy.control_tick is loop.control_tick  # observe → decide, as in the operator
     policy = load_registry()["wok"].variants(context())[0]
     assert isinstance(policy, wok_policy.LawPolicy)
     assert policy.law is control.decide
-    assert policy.params.replicas_max == 8 and policy.params.batch_mem == 54
+    assert policy.spec.scaling.max_replicas == 8
+    # B_mem as the operator sizes it: maxModelLen until a mean length is observed, then that.
+    assert policy.batch_mem(None) == 450_000 // 8192
+    assert policy.batch_mem(2000.0) == 450_000 // 2000
+    assert policy.batch_mem(None) == 450_000 // 2000  # a quiet window keeps the last length
 
 
 def test_a_new_pod_serves_after_its_cold_start_and_bills_from_creation():
