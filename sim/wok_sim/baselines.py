@@ -16,8 +16,8 @@ KEDA on vLLM's queue metrics (as the vLLM production stack and llm-d recommend).
   mean rate needs at the planner's per-replica capacity (`wok_sim.plan`).
 
 Every one runs a fixed batch, swept over B ∈ {16, 32, 64, 128, 256} ≤ B_mem (`PolicyContext`);
-the report shows the best in hindsight with its B. The autoscalers start from the replica count
-the wok policy starts from, so no policy gets a head start.
+the report shows the best in hindsight with its B. The autoscalers start from the run's
+`start_replicas`, as the wok policy does, so no policy gets a head start.
 """
 
 from __future__ import annotations
@@ -26,27 +26,18 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wok_operator.control import LawParams
-from wok_operator.loop import initial_state
 from wok_sim import hpa
 from wok_sim.plan import TARGET_ATTAINMENT, LengthMix, arrival_rate, replica_capacity
 from wok_sim.policies import PolicyContext, PolicyEntry, Scored, register
 from wok_sim.policy import Action, FleetView, PodSample, Policy
 from wok_sim.report import Slos
 from wok_sim.traces import TraceRequest
-from wok_sim.wok_policy import simulated_spec
 
 WAITING_TARGET = 5.0  # per pod (HPA) and KEDA's threshold: the production-stack examples' figure
 KEDA_POLLING_S = 30.0  # ScaledObject pollingInterval default
 CONCURRENCY_TARGETS = (16, 32, 48)
 PEAK_WINDOW_S = 60.0  # the busiest window the peak search is bracketed from
 PEAK_HEADROOM = 3.0  # the search's largest fleet, in multiples of what that window needs
-
-
-def start_replicas(ctx: PolicyContext) -> int:
-    """The replica count at t = 0 for every autoscaler: the wok policy's own starting count."""
-    spec = simulated_spec(ctx)
-    return initial_state(spec, LawParams.from_spec(spec, batch_mem=ctx.batch_mem)).replicas
 
 
 def running_since_before(replicas: int) -> hpa.HpaState:
@@ -113,7 +104,7 @@ class HpaPolicy:
         self.metric = metric
         self.target = target
         self.spec = hpa.HpaSpec(min_replicas=1, max_replicas=ctx.max_replicas)
-        self.initial = start_replicas(ctx)
+        self.initial = ctx.start_replicas
         self.state = running_since_before(self.initial)
 
     def start(self) -> Action:
@@ -139,7 +130,7 @@ class KedaPolicy:
         self.batch = batch
         self.fixed_batch: int | None = batch
         self.spec = hpa.HpaSpec(min_replicas=1, max_replicas=ctx.max_replicas)
-        self.initial = start_replicas(ctx)
+        self.initial = ctx.start_replicas
         self.state = running_since_before(self.initial)
         self.polled_at: float | None = None
         self.polled = 0.0

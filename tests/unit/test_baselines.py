@@ -4,7 +4,7 @@ short run through the real fleet simulator."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -20,7 +20,6 @@ from wok_sim.baselines import (
     concurrency_metric,
     peak_rate,
     smallest_reaching_target,
-    start_replicas,
     waiting_metric,
 )
 from wok_sim.fleet import FleetConfig, simulate_fleet
@@ -72,12 +71,12 @@ def fleet(now: float, replicas: int, *pods: PodSample, waiting: float | None = N
     )
 
 
-def test_every_autoscaler_starts_where_the_wok_policy_starts() -> None:
-    wok_start = LawPolicy("wok", decide, CTX).start().replicas
-    assert start_replicas(CTX) == wok_start
+def test_every_autoscaler_starts_with_the_runs_fleet_as_wok_does() -> None:
+    ctx = replace(CTX, start_replicas=3)
+    assert LawPolicy("wok", decide, ctx).start().replicas == 3
     for name in ("hpa-waiting", "keda-waiting", "hpa-concurrency-32"):
-        for policy in load_registry()[name].variants(CTX):
-            assert policy.start().replicas == wok_start
+        for policy in load_registry()[name].variants(ctx):
+            assert policy.start().replicas == 3
             assert policy.start().batch == policy.fixed_batch
 
 
