@@ -25,16 +25,21 @@ PARAMS = LawParams(
     batch_min=1,
     batch_max=24,
     batch_mem=24,
-    batch_step=4,
+    batch_step=2,
     replicas_min=1,
     replicas_max=1,
-    replicas_step=1,
+    replicas_max_step=1,
     target_queue=2.0,
     deadband=1.0,
-    slo_p99_seconds=60.0,
+    target_utilization=0.6,
+    slo_ttft_s=60.0,
+    slo_tpot_s=1.0,
+    slo_e2e_s=None,
     kv_usage_ceiling=0.95,
     scale_up_window_s=2.0,
     scale_down_window_s=6.0,
+    slo_window_s=10.0,
+    pod_start_s=0.0,
 )
 
 
@@ -140,7 +145,6 @@ def _loop(url: str, token: str, busy_s: float, quiet_s: float) -> list[Tick]:
         m = scrape(url)
         obs = Observation(
             queue_per_replica=m.get("vllm:num_requests_waiting"),
-            p99_seconds=None,
             kv_usage=m.get("vllm:kv_cache_usage_perc"),
             ready_replicas=1,
             pending_replicas=0,

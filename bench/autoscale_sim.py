@@ -1,0 +1,118 @@
+"""The autoscaling comparison of issue 10: `wok simulate` on the shared Azure code trace, every
+policy side by side, at 30, 90 and 180 s pod start and in both rate modes.
+
+Static fleets never start a pod after t = 0, so the pod start cannot change their rows: they are
+simulated once per rate mode (at 90 s) and shown in every table of that mode.
+
+    .venv/bin/python bench/autoscale_sim.py            # about 30 min on 2 busy cores
+    .venv/bin/python bench/autoscale_sim.py --quick    # 90 s overlay only
+
+Writes bench/results/autoscale_sim.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOS = ["--slo-ttft", "2", "--slo-tpot", "0.1", "--slo-e2e", "5"]
+STATIC = "static-peak,static-mean"
+AUTOSCALERS = (
+    "wok,seed,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
+)
+COLUMNS = (
+    ("slo_attainment", "all SLOs", "{:.1%}"),
+    ("ttft_attainment", "TTFT", "{:.1%}"),
+    ("tpot_attainment", "TPOT", "{:.1%}"),
+    ("e2e_attainment", "E2E", "{:.1%}"),
+    ("gpu_hours", "GPU-h", "{:.2f}"),
+    ("p99_ttft_s", "P99 TTFT s", "{:.2f}"),
+    ("p99_tpot_s", "P99 TPOT s", "{:.3f}"),
+    ("p99_e2e_s", "P99 E2E s", "{:.1f}"),
+    ("scale_events", "scale events", "{}"),
+    ("flips", "flips", "{}"),
+    ("rejected", "rejected", "{}"),
+    ("batch_size", "B", "{}"),
+)
+
+
+def simulate(mode: str, cold_start: int, policies: str) -> dict:
+    command = [
+        str(ROOT / ".venv" / "bin" / "wok"),
+        "simulate",
+        "--rate-scale",
+        "3",
+        "--rate-mode",
+        mode,
+        "--cold-start",
+        str(cold_start),
+        *SLOS,
+        "--policy",
+        policies,
+        "--jobs",
+        "2",
+        "--json",
+    ]
+    print(f"$ {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    print(f"  {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return json.loads(out)["policies"]
+
+
+def cell(value: object, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def markdown_table(rows: dict[str, dict]) -> str:
+    static_peak = rows.get("static-peak", {}).get("gpu_hours")
+    titles = " | ".join(title for _, title, _ in COLUMNS)
+    head = f"| policy | {titles} | GPU-h vs static-peak |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    for name, row in rows.items():
+        ratio = f"{row['gpu_hours'] / static_peak:.0%}" if static_peak else "-"
+        cells = " | ".join(cell(row.get(key), fmt) for key, _, fmt in COLUMNS)
+        lines.append(f"| {name} | {cells} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="90 s, overlay only")
+    args = parser.parse_args()
+    modes = ("overlay",) if args.quick else ("overlay", "compress")
+    starts = (90,) if args.quick else (30, 90, 180)
+    results: dict[str, dict[str, dict]] = {}
+    for mode in modes:
+        static = simulate(mode, 90, STATIC)
+        for start in starts:
+            results[f"{mode}, {start} s pod start"] = {
+                **simulate(mode, start, AUTOSCALERS),
+                **static,
+            }
+    out = ROOT / "bench" / "results"
+    (out / "autoscale_sim.json").write_text(json.dumps(results, indent=2) + "\n")
+    parts = [
+        "# Autoscaling in the fleet simulator (issue 10)",
+        "",
+        "Made by `.venv/bin/python bench/autoscale_sim.py` (each table: `wok simulate "
+        "--rate-scale 3 --rate-mode MODE --cold-start S --slo-ttft 2 --slo-tpot 0.1 --slo-e2e 5 "
+        "--policy all`), profile `sim:llama-3-8b-80g` (an analytic model, not a measurement), "
+        "the shared Azure code trace (bench/traces), random routing, 5 s scrapes. Fixed-batch "
+        "baselines show their best B in hindsight. `all SLOs`: the share of requests within "
+        "TTFT 2 s, mean TPOT 0.1 s and E2E 5 s together (rejected requests miss all).",
+    ]
+    for title, rows in results.items():
+        parts += ["", f"## {title}", "", markdown_table(rows)]
+    (out / "autoscale_sim.md").write_text("\n".join(parts) + "\n")
+    print(f"wrote {out / 'autoscale_sim.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
