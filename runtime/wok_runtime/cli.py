@@ -77,6 +77,12 @@ def _register_serve(runtime: Any) -> None:
     p.add_argument("--aging-seconds", type=float, default=10.0)
     p.add_argument("--tenant-kv-share", type=float, default=1.0)
     p.add_argument("--drain-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per streamed chunk after the first (fewer chunks, less host CPU)",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
 

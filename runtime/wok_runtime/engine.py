@@ -409,14 +409,17 @@ class LLMEngine:
             if seq.finish_reason == "stop":
                 visible = visible[:-1]  # the EOS / stop token itself is not text
             new = visible[seq.num_emitted_tokens :]
+            if not seq.is_finished:
+                # The first token goes at once (TTFT); later ones in chunks of stream_interval.
+                held = seq.num_emitted_tokens > 0 and len(new) < self.config.stream_interval
+                if not new or held:
+                    continue
             seq.num_emitted_tokens = len(visible)
             if seq.is_finished:
                 del self._callbacks[seq.request_id]
                 self._final_only.discard(seq.request_id)
                 self._executor.release(seq.request_id)
                 self._completed_total += 1
-            elif not new:
-                continue
             outputs.append(
                 (
                     callback,

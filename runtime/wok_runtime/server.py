@@ -941,6 +941,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         aging_s=args.aging_seconds,
         tenant_kv_share=args.tenant_kv_share,
         max_model_len=args.max_model_len,
+        stream_interval=args.stream_interval,
     )
     priorities = tuple(sorted(set(classes.values())))
     # The collector reads the engine at scrape time; the engine reports steps to the collector.

@@ -178,6 +178,20 @@ def test_a_final_only_request_gets_one_output_with_every_token() -> None:
     assert final.finished and len(final.new_token_ids) == 5
 
 
+def test_a_stream_interval_sends_the_first_token_alone_then_chunks() -> None:
+    engine = LLMEngine(sim_runner(fake=FakeTime()), EngineConfig(stream_interval=4))
+    outputs: list[RequestOutput] = []
+    engine.add_request(
+        [3, 4], SamplingParams(max_tokens=10, ignore_eos=True), on_output=outputs.append
+    )
+    while engine.step():
+        pass
+    assert [len(o.new_token_ids) for o in outputs] == [1, 4, 4, 1]
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    with pytest.raises(ValueError, match="stream_interval"):
+        EngineConfig(stream_interval=0)
+
+
 def test_the_live_cap_bounds_the_running_batch() -> None:
     runner = sim_runner(fake=FakeTime())
     steps = []
