@@ -252,3 +252,23 @@ def test_the_sim_path_imports_no_torch() -> None:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "sim"], "needs --profile"),
+        (["--device", "sim", "--profile", "sim:nope"], "unknown builtin profile 'sim:nope'"),
+        (["--device", "sim", "--profile", "/nonexistent.json"], "not found"),
+        (["--device", "sim", "--profile", PROFILE, "--kv-cache-bytes", "9"], "does not apply"),
+        (["--profile", PROFILE], "need --device sim"),
+    ],
+)
+def test_bad_sim_flags_are_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wok.cli import main as wok_main
+
+    assert wok_main(["runtime", "serve", "--log-level", "error", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
