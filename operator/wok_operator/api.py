@@ -374,6 +374,7 @@ class LoopMemory(ApiModel):
     service_rate: float | None = None
     in_flight: float | None = None
     in_flight_at: float | None = None
+    saturated_since: float | None = None
 
 
 class InferenceServiceStatus(ApiModel):

@@ -9,8 +9,8 @@ The batch keeps the brief's clipped sign-step, on what the batch controls:
 
     e < 0  when the P99 time per output token (TPOT) breaks its SLO: a bigger batch makes every step
            slower, so the batch is the knob that fixes it;
-    e > 0  when requests queue (Q > Q* + deadband) and TPOT has headroom: a bigger batch admits
-           them;
+    e > 0  when requests queue (Q > Q* + deadband) or the running set nears the cap, and TPOT is
+           within its SLO: a bigger batch admits them before pods are added;
     e = 0  otherwise. A KV cache past its ceiling holds the batch: the pod is at its cap (it holds
            what memory allows) and the replicas take the rest. Latency that comes from output
            length (end-to-end time of long answers) never moves the batch.
@@ -154,6 +154,7 @@ class LoopState:
     service_rate: float | None = None  # requests/s a saturated pod completed, last measured
     in_flight: float | None = None  # requests in the pods (running + waiting) at the last tick
     in_flight_at: float | None = None
+    saturated_since: float | None = None  # since when pods queue with free batch slots
 
 
 @dataclass(frozen=True)
@@ -243,11 +244,16 @@ def _batch_step(
         why = "P99 TPOT above SLO below the cap: step time comes from load, not from the batch"
     elif kv_full:
         why = f"KV usage {obs.kv_usage:.0%} > ceiling {p.kv_usage_ceiling:.0%}: pods at their cap"
-    elif queue > p.target_queue + p.deadband and not recently_lowered:
+    elif (queue > p.target_queue + p.deadband or _cap_binds(batch, obs)) and not recently_lowered:
+        # Raise before the cap queues anyone: the batch is the fast knob, pods the slow one.
         direction = 1
-        why = f"queue {queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g}"
-    elif queue > p.target_queue + p.deadband:
-        why = "queue long, but the batch was lowered for TPOT within the window"
+        why = (
+            f"queue {queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g}"
+            if queue > p.target_queue + p.deadband
+            else f"running {obs.running_per_replica:.0f}/replica near the cap {batch}"
+        )
+    elif queue > p.target_queue + p.deadband or _cap_binds(batch, obs):
+        why = "the cap binds, but the batch was lowered for TPOT within the window"
     if direction == 0:
         return _BatchStep(batch, 0, 0, why)
     run = state.batch_run + 1 if direction == state.batch_direction else 1
@@ -292,13 +298,20 @@ class _Demand:
 
 
 def _demand(
-    capacity: float, obs: Observation, p: LawParams, service_rate: float | None, growth: float
+    capacity: float,
+    obs: Observation,
+    p: LawParams,
+    *,
+    saturated: bool,
+    service_rate: float | None,
+    growth: float,
 ) -> _Demand:
     """R* from two limits of a pod, whichever needs more pods:
     - slots (Little's law on the gauges): running + waiting over ρ · capacity;
     - throughput: arrivals (completions + refusals + the growth of the requests in flight since
       the last tick, plus a backlog drained within one SLO window) over ρ · μ, with μ the
-      requests/s a pod completes when saturated (a queue), measured then and remembered.
+      requests/s a pod completes when compute-saturated (a queue with free batch slots),
+      measured then and remembered.
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
       term sees them, and it keeps a scale-down from undoing what a burst taught."""
     ready = obs.ready_replicas
@@ -313,7 +326,7 @@ def _demand(
     finished = obs.finished_per_s
     if not _known(finished) or finished <= 0:  # type: ignore[operator]
         return _Demand(by_slots, text, service_rate)
-    saturated = queue > p.target_queue + p.deadband
+
     if saturated:
         # The windowed rate of a pod that saturated partway through the window reads low: keep
         # the best rate a saturated pod has shown (a mix that got slower saturates pods sooner,
@@ -361,15 +374,30 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         return decision
 
     step = _batch_step(state, batch, obs, p, now)
-    # The batch is the fast knob: size the fleet for the batch it is heading for.
-    heading = p.batch_cap if step.direction > 0 else step.batch
+    # The batch is the fast knob: size the fleet for the batch it can reach within its TPOT SLO,
+    # the cap, unless TPOT has bound it (now, or within the window since it was lowered).
+    tpot_bound = _above(obs.p99_tpot_seconds, p.slo_tpot_s) or not _quiet_since(
+        state.last_batch_decrease, now, _showing_s(p)
+    )
+    heading = step.batch if tpot_bound else p.batch_cap
     in_flight = _in_flight(obs)
     growth = 0.0
     last, last_at = state.in_flight, state.in_flight_at
     if in_flight is not None and last is not None and last_at is not None and now > last_at:
         growth = max(0.0, in_flight - last) / (now - last_at)
     capacity = _capacity_per_replica(heading, obs, p)
-    demand = _demand(capacity, obs, p, state.service_rate, growth)
+    # Compute-saturated: requests have queued for a while although the pods have free batch
+    # slots (prefill, the step's token budget or KV hold them back). A passing queue is noise:
+    # the completions then are the arrivals, not what a pod can do. A queue behind a binding cap
+    # is the batch's to fix, and a rate measured there says nothing of a larger batch.
+    queue_long = obs.queue_per_replica > p.target_queue + p.deadband  # type: ignore[operator]
+    saturated_since = None
+    if queue_long and not _cap_binds(batch, obs):
+        saturated_since = state.saturated_since if state.saturated_since is not None else now
+    saturated = saturated_since is not None and now - saturated_since >= p.scale_up_window_s
+    demand = _demand(
+        capacity, obs, p, saturated=saturated, service_rate=state.service_rate, growth=growth
+    )
     desired = p.clip_replicas(demand.replicas)
     demand_text = demand.text
     ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
@@ -469,6 +497,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         service_rate=demand.service_rate,
         in_flight=in_flight,
         in_flight_at=now if in_flight is not None else None,
+        saturated_since=saturated_since,
     )
     kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
     return Decision(

@@ -394,3 +394,49 @@ def test_converges_from_any_start_under_steady_load(params, demand, start_batch,
         state = d.state
     tail = history[-100:]
     assert len({(d.batch, d.replicas) for d in tail}) == 1, [d.reason for d in tail[-5:]]
+
+
+def test_the_batch_rises_as_the_cap_binds_before_any_pod_is_added():
+    """The fast knob first: running near the cap raises the batch, and the fleet is sized for
+    the cap the batch can reach, so no pod is added for what a bigger batch holds."""
+    params = default_params(scale_up_window_s=0, target_utilization=0.6)
+    d = decide(LoopState(batch=32, replicas=1), obs(0, running=30), params, now=0)
+    assert d.batch > 32 and "near the cap" in d.reason
+    assert d.replicas == 1 and d.desired_replicas == 1  # 30 of 0.6 · 200 slots
+
+
+def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
+    """Prefill-heavy traffic: the queue grows with most batch slots free. Once it has lasted the
+    scale-up window, the completions are what a pod can do, and arrivals size the fleet."""
+    params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
+
+    def saturated(now: float, state: LoopState) -> Decision:
+        o = Observation(
+            queue_per_replica=40,
+            kv_usage=0.1,
+            ready_replicas=2,
+            pending_replicas=0,
+            running_per_replica=10,
+            finished_per_s=8.0,
+            rejected_per_s=4.0,
+        )
+        return decide(state, o, params, now)
+
+    first = saturated(0, LoopState(batch=200, replicas=2))
+    assert first.state.service_rate is None  # a passing queue teaches nothing
+    later = saturated(10, first.state)
+    assert later.state.service_rate == 4.0  # 8 completions/s over 2 pods
+    # 8 + 4 refused + 80 queued / 60 s ≈ 13.3 req/s over 0.5 · 4/pod → 7 pods
+    assert later.desired_replicas == 7, later.reason
+    # Quiet again: the remembered rate keeps a scale-down from undoing it.
+    calm = Observation(
+        queue_per_replica=0,
+        kv_usage=0.1,
+        ready_replicas=7,
+        pending_replicas=0,
+        running_per_replica=2,
+        finished_per_s=12.0,
+        rejected_per_s=0.0,
+    )
+    held = decide(later.state, calm, params, now=500)
+    assert held.desired_replicas == 6  # 12 / (0.5 · 4)
