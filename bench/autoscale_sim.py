@@ -25,6 +25,14 @@ STATIC = "static-peak,static-mean"
 AUTOSCALERS = (
     "wok,seed,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
 )
+# Loads of another shape than the code trace (no other public trace is stored here): smooth
+# decode-heavier ramps (512-token prompts, 128-token answers, exponential), TTFT and TPOT SLOs.
+SYNTHETIC = {
+    "scripted ramps (512/128 tokens), 90 s pod start": (
+        "script:300@2-20,600@20,300@20-2,300@2,300@2-30,300@30-5,600@5"
+    ),
+    "Poisson 12 req/s (512/128 tokens), 90 s pod start": "poisson:12:1800",
+}
 COLUMNS = (
     ("slo_attainment", "all SLOs", "{:.1%}"),
     ("ttft_attainment", "TTFT", "{:.1%}"),
@@ -41,17 +49,16 @@ COLUMNS = (
 )
 
 
-def simulate(mode: str, cold_start: int, policies: str) -> dict:
+def simulate(mode: str, cold_start: int, policies: str, trace: str | None = None) -> dict:
+    load = ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
+    if trace is not None:  # a synthetic load: no rate scaling, no E2E SLO
+        load = ["--trace", trace, *SLOS[:4]]
     command = [
         str(ROOT / ".venv" / "bin" / "wok"),
         "simulate",
-        "--rate-scale",
-        "3",
-        "--rate-mode",
-        mode,
+        *load,
         "--cold-start",
         str(cold_start),
-        *SLOS,
         "--policy",
         policies,
         "--jobs",
@@ -95,8 +102,17 @@ def main() -> int:
                 **simulate(mode, start, AUTOSCALERS),
                 **static,
             }
+    synthetic = (
+        {}
+        if args.quick
+        else {
+            title: simulate("overlay", 90, f"{AUTOSCALERS},{STATIC}", trace)
+            for title, trace in SYNTHETIC.items()
+        }
+    )
     out = ROOT / "bench" / "results"
-    (out / "autoscale_sim.json").write_text(json.dumps(results, indent=2) + "\n")
+    everything = {**results, **synthetic}
+    (out / "autoscale_sim.json").write_text(json.dumps(everything, indent=2) + "\n")
     parts = [
         "# Autoscaling in the fleet simulator (issue 10)",
         "",
@@ -109,6 +125,16 @@ def main() -> int:
     ]
     for title, rows in results.items():
         parts += ["", f"## {title}", "", markdown_table(rows)]
+    if synthetic:
+        parts += [
+            "",
+            "## Synthetic loads (not traces): the same defaults on other shapes",
+            "",
+            "`wok simulate --trace LOAD --slo-ttft 2 --slo-tpot 0.1 --policy all`; loads: "
+            + "; ".join(f"{title}: `{trace}`" for title, trace in SYNTHETIC.items()),
+        ]
+        for title, rows in synthetic.items():
+            parts += ["", f"### {title}", "", markdown_table(rows)]
     (out / "autoscale_sim.md").write_text("\n".join(parts) + "\n")
     print(f"wrote {out / 'autoscale_sim.md'}", file=sys.stderr)
     return 0
