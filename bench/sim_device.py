@@ -51,9 +51,15 @@ class Server:
     proc: subprocess.Popen[bytes]
     url: str
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    def cpu_seconds(self, task: int | None = None) -> float:
+        """User + system CPU of the process, or of one of its threads (`task`)."""
+        path = f"/proc/{self.proc.pid}" + ("" if task is None else f"/task/{task}")
+        fields = Path(f"{path}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def main_thread_cpu_seconds(self) -> float:
+        """The event loop's thread (the engine runs in the only other one)."""
+        return self.cpu_seconds(self.proc.pid)
 
     def memory_mb(self) -> dict[str, float]:
         status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
@@ -74,12 +80,12 @@ class Server:
         self.proc.wait(30)
 
 
-def start(profile: str, max_batch_size: int, port: int) -> Server:
+def start(profile: str, max_batch_size: int, port: int, *extra: str) -> Server:
     argv = [
         sys.executable, "-m", "wok.cli", "runtime", "serve", "--device", "sim",
         "--profile", profile, "--sim-load-seconds", "0", "--served-model-name", NAME,
         "--max-batch-size", str(max_batch_size), "--max-queue", "4096",
-        "--port", str(port), "--log-level", "warning",
+        "--port", str(port), "--log-level", "warning", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT)
     server = Server(proc, f"http://127.0.0.1:{port}")
@@ -93,6 +99,10 @@ def start(profile: str, max_batch_size: int, port: int) -> Server:
         time.sleep(0.1)
     server.stop()
     raise RuntimeError("the sim server was not ready within 120 s")
+
+
+def steps(server: Server) -> float:
+    return server.counters()[f'wok_batch_size_count{{model_name="{NAME}"}}']
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:
@@ -132,11 +142,18 @@ def run_idle(ref: str, *, seconds: float, port: int) -> dict[str, Any]:
 
 
 def run_load(
-    profile: StepProfile, ref: str, *, rate: float, seconds: float, stream: bool, port: int
+    profile: StepProfile,
+    ref: str,
+    *,
+    rate: float,
+    seconds: float,
+    stream: bool,
+    port: int,
+    stream_interval: int = 1,
 ) -> dict[str, Any]:
     rng = random.Random(0)
     arrivals, _ = clip_to_model(poisson(rate, seconds, seed=0), profile.max_model_len)
-    server = start(ref, 256, port)
+    server = start(ref, 256, port, "--stream-interval", str(stream_interval))
     try:
         statuses: dict[int, int] = {}
         client_cpu0 = time.process_time()
@@ -156,11 +173,17 @@ def run_load(
                     statuses[status] = statuses.get(status, 0) + 1
 
         before, wall0 = server.cpu_seconds(), time.monotonic()
+        main_before, steps_before = server.main_thread_cpu_seconds(), steps(server)
         asyncio.run(main())
         cpu, wall = server.cpu_seconds() - before, time.monotonic() - wall0
+        main_cpu, engine_steps = (
+            server.main_thread_cpu_seconds() - main_before,
+            steps(server) - steps_before,
+        )
         requests = sum(statuses.values())
         return {
             "stream": stream,
+            "stream_interval": stream_interval,
             "offered_rate_per_s": rate,
             "achieved_rate_per_s": requests / wall,
             "requests": requests,
@@ -168,6 +191,9 @@ def run_load(
             "wall_s": wall,
             "server_cpu_s": cpu,
             "server_cpu_percent_of_one_core": 100 * cpu / wall,
+            "event_loop_cpu_ms_per_request": 1000 * main_cpu / requests,
+            "engine_steps": engine_steps,
+            "engine_thread_cpu_ms_per_step": 1000 * (cpu - main_cpu) / engine_steps,
             "client_cpu_percent_of_one_core": 100 * (time.process_time() - client_cpu0) / wall,
             **server.memory_mb(),
         }
@@ -257,6 +283,9 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=512, help="divides the step budget")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--port", type=int, default=18931)
+    parser.add_argument(
+        "--stream-interval", type=int, default=8, help="also streamed with this interval"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     profile = load_profile(args.profile)
@@ -264,11 +293,12 @@ def main() -> int:
     report: dict[str, Any] = {"profile": args.profile, "started": started, "load": [], "pace": []}
     report["idle"] = run_idle(args.profile, seconds=30, port=args.port)
     print(json.dumps(report["idle"]), flush=True)
+    variants = [(False, 1), (True, 1), (True, args.stream_interval)]
     for rate in args.rates:
-        for stream in (False, True):
+        for stream, interval in variants:
             result = run_load(
                 profile, args.profile, rate=rate, seconds=args.seconds, stream=stream,
-                port=args.port,
+                port=args.port, stream_interval=interval,
             )  # fmt: skip
             result["load_average_1m"] = os.getloadavg()[0]  # the machine is shared
             report["load"].append(result)
