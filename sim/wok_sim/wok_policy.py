@@ -9,39 +9,35 @@ as the operator carries it in status.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
-from wok_operator import control
-from wok_operator.api import InferenceServiceSpec, ScalingSpec, SLOSpec
+from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
-from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
-from wok_operator.loop import control_tick, initial_state
+from wok_operator.control import LawParams, decide, decide_seed
+from wok_operator.loop import Law, control_tick, initial_state
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
-
-Law = Callable[[LoopState, Observation, LawParams, float], Decision]
 
 
 def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:
     """The InferenceService of the simulated service: defaults, with the run's SLOs, replica
-    limits (minReplicas 1) and pod start time."""
-    slo: dict[str, Any]
-    if "ttft_p99_seconds" in SLOSpec.model_fields:
-        slo = {
-            "ttft_p99_seconds": ctx.slo_ttft_s,
-            "tpot_p99_seconds": ctx.slo_tpot_s,
-            "e2e_p99_seconds": ctx.slo_e2e_s,
+    limits (minReplicas 1), the profile's max_model_len and the pod start time (its owner would
+    write the deployment's own start time in the spec)."""
+    return InferenceServiceSpec.model_validate(
+        {
+            "slo": {
+                "ttft_p99_seconds": ctx.slo_ttft_s,
+                "tpot_p99_seconds": ctx.slo_tpot_s,
+                "e2e_p99_seconds": ctx.slo_e2e_s,
+            },
+            "scaling": {
+                "min_replicas": 1,
+                "max_replicas": ctx.max_replicas,
+                "pod_start_seconds": round(ctx.cold_start_s),
+            },
+            "memory": {"max_model_len": ctx.profile.max_model_len},
         }
-    else:  # the spec before per-phase SLOs: one end-to-end P99
-        slo = {"p99_latency_seconds": ctx.slo_e2e_s or 5.0}
-    scaling: dict[str, Any] = {"min_replicas": 1, "max_replicas": ctx.max_replicas}
-    memory = {"max_model_len": ctx.profile.max_model_len}
-    if "pod_start_seconds" in ScalingSpec.model_fields:
-        # The deployment's own start time, as its owner would write it in the spec.
-        scaling["pod_start_seconds"] = round(ctx.cold_start_s)
-    return InferenceServiceSpec.model_validate({"slo": slo, "scaling": scaling, "memory": memory})
+    )
 
 
 class LawPolicy:
@@ -89,11 +85,9 @@ def _wok(ctx: PolicyContext) -> list[Policy]:
 
 register("wok", PolicyEntry(variants=_wok))
 
-_seed_law: Law | None = getattr(control, "decide_seed", None)
-if _seed_law is not None:
-    seed_law: Law = _seed_law
 
-    def _seed(ctx: PolicyContext) -> list[Policy]:
-        return [LawPolicy("seed", seed_law, ctx)]
+def _seed(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("seed", decide_seed, ctx)]
 
-    register("seed", PolicyEntry(variants=_seed))
+
+register("seed", PolicyEntry(variants=_seed))
