@@ -364,14 +364,13 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         notes.append(f"replicas clipped to [{p.replicas_floor}, {p.replicas_max}]")
     if not _known(obs.queue_per_replica) or obs.ready_replicas < 1 or obs.reporting_replicas == 0:
         why = "no ready replicas" if obs.ready_replicas < 1 else "queue metric missing"
-        decision = _holding(
+        return _holding(
             state,
             batch,
             replicas,
             "; ".join([why, *notes]),
             memory_bound=memory_bound and batch >= p.batch_cap,
         )
-        return decision
 
     step = _batch_step(state, batch, obs, p, now)
     # The batch is the fast knob: size the fleet for the batch it can reach within its TPOT SLO,
@@ -399,7 +398,6 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         capacity, obs, p, saturated=saturated, service_rate=state.service_rate, growth=growth
     )
     desired = p.clip_replicas(demand.replicas)
-    demand_text = demand.text
     ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
     tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
     queueing = obs.queue_per_replica > 0  # type: ignore[operator]
@@ -426,7 +424,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     settled = _quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s)
     if up_since is not None and up_target is not None and now - up_since >= p.scale_up_window_s:
         new_replicas = min(up_target, replicas + p.replicas_max_step)
-        replicas_why = f"R* {desired} > {replicas} ({demand_text})"
+        replicas_why = f"R* {desired} > {replicas} ({demand.text})"
     elif (
         lagging_breach
         and settled
@@ -450,7 +448,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         # Straight to the largest ask of the window: it already is the stabilized answer.
         new_replicas = down_target
         replicas_why = (
-            f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand_text})"
+            f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand.text})"
         )
     new_replicas = p.clip_replicas(new_replicas)
     if new_replicas != replicas:
@@ -480,7 +478,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     if new_replicas != replicas:
         parts.append(f"replicas {replicas}→{new_replicas} ({replicas_why})")
     if not parts:
-        parts.append(f"hold: {step.why or demand_text}")
+        parts.append(f"hold: {step.why or demand.text}")
     slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
     new_state = LoopState(
         batch=step.batch,
