@@ -27,11 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wok_sim import hpa
-from wok_sim.plan import TARGET_ATTAINMENT, LengthMix, arrival_rate, replica_capacity
+from wok_sim.plan import TARGET_ATTAINMENT, LengthMix, arrival_rate, peak_rate, replica_capacity
 from wok_sim.policies import PolicyContext, PolicyEntry, Scored, register
 from wok_sim.policy import Action, FleetView, PodSample, Policy
 from wok_sim.report import Slos
-from wok_sim.traces import TraceRequest
 
 WAITING_TARGET = 5.0  # per pod (HPA) and KEDA's threshold: the production-stack examples' figure
 KEDA_POLLING_S = 30.0  # ScaledObject pollingInterval default
@@ -153,17 +152,6 @@ class KedaPolicy:
         return Action(batch=self.batch, replicas=replicas, reason=reason)
 
 
-def peak_rate(requests: Sequence[TraceRequest], window_s: float = PEAK_WINDOW_S) -> float:
-    """The most arrivals in any `window_s` window, per second."""
-    times = sorted(r.arrival_s for r in requests)
-    most, first = 0, 0
-    for last, t in enumerate(times):
-        while t - times[first] >= window_s:
-            first += 1
-        most = max(most, last - first + 1)
-    return most / window_s
-
-
 @dataclass(frozen=True)
 class FleetSizing:
     """What the static fleets are sized from: the trace's rates and one replica's capacity."""
@@ -196,7 +184,7 @@ def sizing(ctx: PolicyContext) -> FleetSizing:
     slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)
     result = FleetSizing(
         mean_rate=arrival_rate(ctx.requests) or float(len(ctx.requests)),
-        peak_rate=peak_rate(ctx.requests),
+        peak_rate=peak_rate(ctx.requests, PEAK_WINDOW_S),
         capacity={b: replica_capacity(ctx.profile, mix, b, slos) for b in ctx.sweep_batches()},
     )
     _SIZINGS[id(ctx)] = (ctx, result)

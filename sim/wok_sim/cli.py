@@ -169,19 +169,14 @@ def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slo
     first five, as a service already running when the trace begins would be sized for the load
     it has just seen (starting cold at one pod would charge each policy for a ramp the trace
     never asked for)."""
-    from wok_sim.plan import LengthMix, replica_capacity
+    from wok_sim.plan import LengthMix, peak_rate, replica_capacity
 
-    times = sorted(r.arrival_s for r in requests if r.arrival_s < 300.0)
-    if not times:
+    first_minutes = [r for r in requests if r.arrival_s < 300.0]
+    if not first_minutes:
         return 1
-    busiest, lo = 0, 0
-    for hi, t in enumerate(times):
-        while times[lo] < t - 60.0:
-            lo += 1
-        busiest = max(busiest, hi - lo + 1)
     mix = LengthMix.of_requests(requests, profile.max_model_len)
     per_replica = replica_capacity(profile, mix, profile.kv_blocks, slos)
-    return max(1, math.ceil(busiest / 60.0 / per_replica))
+    return max(1, math.ceil(peak_rate(first_minutes, 60.0) / per_replica))
 
 
 def _run_all(

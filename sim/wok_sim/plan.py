@@ -83,6 +83,17 @@ def arrival_rate(requests: Sequence[TraceRequest]) -> float | None:
     return len(requests) / span if span > 0 else None
 
 
+def peak_rate(requests: Sequence[TraceRequest], window_s: float) -> float:
+    """The most arrivals in any `window_s` window, per second."""
+    times = sorted(r.arrival_s for r in requests)
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= window_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most / window_s
+
+
 @dataclass(frozen=True)
 class BatchPoint:
     """One replica's steady state at a running batch B."""

@@ -18,11 +18,11 @@ from wok_sim.baselines import (
     KedaPolicy,
     StaticPolicy,
     concurrency_metric,
-    peak_rate,
     smallest_reaching_target,
     waiting_metric,
 )
 from wok_sim.fleet import FleetConfig, simulate_fleet
+from wok_sim.plan import peak_rate
 from wok_sim.policies import PolicyContext, load_registry
 from wok_sim.policy import FleetView, PodSample
 from wok_sim.profile import load_profile
