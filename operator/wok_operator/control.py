@@ -135,6 +135,12 @@ class Observation:
     finished_per_s: float | None = None  # completions over the SLO window, all pods
     rejected_per_s: float | None = None  # 429s and queue timeouts over the SLO window
 
+    @property
+    def reporting(self) -> int:
+        """The ready pods behind the per-pod figures."""
+        ready = self.ready_replicas
+        return ready if self.reporting_replicas is None else min(self.reporting_replicas, ready)
+
 
 @dataclass(frozen=True)
 class LoopState:
@@ -285,9 +291,7 @@ def _in_flight(obs: Observation) -> float | None:
     """Requests in the reporting pods (running + waiting), or None when either is unknown."""
     if not _known(obs.running_per_replica) or not _known(obs.queue_per_replica):
         return None
-    ready = obs.ready_replicas
-    reporting = ready if obs.reporting_replicas is None else min(obs.reporting_replicas, ready)
-    return (obs.running_per_replica + obs.queue_per_replica) * reporting  # type: ignore[operator]
+    return (obs.running_per_replica + obs.queue_per_replica) * obs.reporting  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -314,8 +318,7 @@ def _demand(
       measured then and remembered.
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
       term sees them, and it keeps a scale-down from undoing what a burst taught."""
-    ready = obs.ready_replicas
-    reporting = ready if obs.reporting_replicas is None else min(obs.reporting_replicas, ready)
+    ready, reporting = obs.ready_replicas, obs.reporting
     running = obs.running_per_replica if _known(obs.running_per_replica) else 0.0
     queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
     # A ready pod whose scrape failed is counted as full: the queue must not look short exactly

@@ -199,17 +199,22 @@ def _changed_within(events: Sequence[ScaleEvent], now: float, period_s: float) -
     return sum(e.change for e in events if e.at > now - period_s)
 
 
+def _period_start(state: HpaState, *, now: float, current: int, period_s: float) -> int:
+    """The replica count at the start of a policy's period (current minus the period's moves)."""
+    return (
+        current
+        - _changed_within(state.scale_up_events, now, period_s)
+        + _changed_within(state.scale_down_events, now, period_s)
+    )
+
+
 def scale_up_limit(rules: ScalingRules, state: HpaState, *, now: float, current: int) -> int:
     """`calculateScaleUpLimitWithScalingRules`: the most replicas the policies allow now."""
     if rules.select == "Disabled":
         return current
     proposals = []
     for policy in rules.policies:
-        start = (
-            current
-            - _changed_within(state.scale_up_events, now, policy.period_s)
-            + _changed_within(state.scale_down_events, now, policy.period_s)
-        )
+        start = _period_start(state, now=now, current=current, period_s=policy.period_s)
         if policy.kind == "Pods":
             proposals.append(start + policy.value)
         else:  # rounded up, or a small count could never grow
@@ -223,11 +228,7 @@ def scale_down_limit(rules: ScalingRules, state: HpaState, *, now: float, curren
         return current
     proposals = []
     for policy in rules.policies:
-        start = (
-            current
-            - _changed_within(state.scale_up_events, now, policy.period_s)
-            + _changed_within(state.scale_down_events, now, policy.period_s)
-        )
+        start = _period_start(state, now=now, current=current, period_s=policy.period_s)
         if policy.kind == "Pods":
             proposals.append(start - policy.value)
         else:
