@@ -77,12 +77,22 @@ def ensure_leading(wok: Shared) -> None:
         wok.leadership.ensure_holds()
 
 
-def budget_in_force(spec: InferenceServiceSpec, plan: MemoryBudget, status: Any) -> MemoryBudget:
-    """The budget as the control loop last sized it. With `lengthEstimate: observedMean` that
-    comes from the observed lengths, which a reconcile cannot see: clipping with the maxModelLen
-    plan there would cut the batch at every spec edit (256 → 51 in examples/production.yaml)."""
+def budget_in_force(
+    spec: InferenceServiceSpec,
+    plan: MemoryBudget,
+    status: Any,
+    signals: ServiceSignals | None = None,
+) -> MemoryBudget:
+    """B_mem for the lengths being served: with `lengthEstimate: observedMean`, the observed
+    mean, else (a quiet window, or a reconcile, which sees no signals) the length the loop last
+    recorded in status; clipping with the maxModelLen plan would cut the batch at every spec edit
+    (256 → 51 in examples/production.yaml)."""
     last_length = ((status or {}).get("memory") or {}).get("sequenceLength")
-    return budget_for(spec, plan, ServiceSignals(), last_length)
+    mean = signals.mean_sequence_tokens if signals is not None else None
+    length = sequence_length(spec.memory, mean, last_length)
+    if length == plan.sequence_length:
+        return plan
+    return plan_for_spec(spec, sequence_length=length)
 
 
 def validated(spec: Any) -> tuple[InferenceServiceSpec, MemoryBudget]:
@@ -263,8 +273,7 @@ class ServiceTick:
         if "batchSize" not in status:
             return  # not reconciled yet
         signals, metrics_error = await self.observe(spec)
-        last_length = (status.get("memory") or {}).get("sequenceLength")
-        plan = budget_for(spec, plan, signals, last_length)
+        plan = budget_in_force(spec, plan, status, signals)
         params = LawParams.from_spec(spec, batch_mem=plan.max_batch_size)
         result = control_tick(
             spec,
@@ -349,19 +358,6 @@ class ServiceTick:
             self.body,
             self.logger,
         )
-
-
-def budget_for(
-    spec: InferenceServiceSpec,
-    plan: MemoryBudget,
-    signals: ServiceSignals,
-    last_length: int | None = None,
-) -> MemoryBudget:
-    """B_mem for the lengths being served, when the spec asks for the observed mean."""
-    length = sequence_length(spec.memory, signals.mean_sequence_tokens, last_length)
-    if length == plan.sequence_length:
-        return plan
-    return plan_for_spec(spec, sequence_length=length)
 
 
 def export_service_metrics(

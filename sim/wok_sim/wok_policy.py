@@ -56,7 +56,7 @@ class LawPolicy:
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
 
     def batch_mem(self, mean_sequence_tokens: float | None) -> int:
-        """B_mem as the operator sizes it (`handlers.budget_for`) from the same signal; without
+        """B_mem as the operator sizes it (`handlers.budget_in_force`) from the same signal; without
         one (no completions in the window) the last length stays in force, as in status."""
         self.length = sequence_length(self.spec.memory, mean_sequence_tokens, self.length)
         return self.kv_tokens // self.length
