@@ -3,30 +3,19 @@ exactly what RBAC grants them: the operator's least-privilege RBAC can be tested
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
+from wok_cluster.binaries import kubectl
 from wok_cluster.kubeapi import KubeApi, KubeError
 
 pytestmark = pytest.mark.integration
 
 
-def _kubectl(kubeconfig, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-
-
 def test_kubectl_lists_the_gpu_nodes(wok_cluster):
-    result = _kubectl(wok_cluster.kubeconfig, "get", "nodes", "-o", "name")
+    result = kubectl(wok_cluster.kubeconfig, "get", "nodes", "-o", "name")
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.split()) == [f"node/{n}" for n in wok_cluster.node_names]
-    gpus = _kubectl(
+    gpus = kubectl(
         wok_cluster.kubeconfig,
         "get",
         "node",
@@ -74,7 +63,7 @@ def test_service_account_kubeconfig_is_bound_by_rbac(wok_apiserver, wok_namespac
                 denied()
             assert error.value.status == 403
             assert f"system:serviceaccount:{ns}:reader" in error.value.message
-    can_i = _kubectl(kubeconfig, "auth", "can-i", "list", "pods", "-n", ns)
+    can_i = kubectl(kubeconfig, "auth", "can-i", "list", "pods", "-n", ns)
     assert (can_i.returncode, can_i.stdout.strip()) == (0, "yes")
-    cannot = _kubectl(kubeconfig, "auth", "can-i", "delete", "pods", "-n", ns)
+    cannot = kubectl(kubeconfig, "auth", "can-i", "delete", "pods", "-n", ns)
     assert (cannot.returncode, cannot.stdout.strip()) == (1, "no")

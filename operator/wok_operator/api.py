@@ -184,6 +184,13 @@ class MemorySpec(ApiModel):
 
 
 class ScalingSpec(ApiModel):
+    replicas: Literal["wok", "external"] = Field(
+        default="wok",
+        description="Who owns the replica count: `wok` (the law moves it), or `external` "
+        "(`kubectl scale`, an HPA or a KEDA ScaledObject writes spec.replicas through the scale "
+        "subresource; wok then moves only the batch size: minReplicas, maxReplicas, maxStep and "
+        "the stabilization windows no longer apply).",
+    )
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=4, ge=0, le=1000)
     max_step: int = Field(
@@ -246,6 +253,19 @@ class MetricsSpec(ApiModel):
     )
 
 
+ONE_GPU = (
+    "runtime.gpusPerPod: tensor parallelism is not supported yet; a pod serves on one GPU "
+    "(scale out with replicas)"
+)
+ONE_OWNER = (
+    "spec.replicas is for kubectl scale, an HPA or KEDA, but wok owns the replica count: "
+    "set scaling.replicas: external to hand it over (one owner at a time)"
+)
+EXTERNAL_COUNT = (
+    "scaling.replicas: external needs spec.replicas, the count the external autoscaler starts from"
+)
+
+
 class InferenceServiceSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -259,6 +279,9 @@ class InferenceServiceSpec(ApiModel):
                     "self.scaling.minReplicas <= self.scaling.maxReplicas",
                     "scaling: minReplicas must not exceed maxReplicas",
                 ),
+                cel("self.runtime.gpusPerPod <= 1", ONE_GPU),
+                cel("self.scaling.replicas == 'external' || !has(self.replicas)", ONE_OWNER),
+                cel("self.scaling.replicas != 'external' || has(self.replicas)", EXTERNAL_COUNT),
                 cel(
                     "self.memory.maxModelLen <= self.batching.maxNumBatchedTokens || "
                     "self.batching.mode == 'continuous'",
@@ -279,6 +302,13 @@ class InferenceServiceSpec(ApiModel):
         }
     )
 
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="The replica count when `scaling.replicas: external`: written by `kubectl "
+        "scale`, an HPA or KEDA through the scale subresource, propagated to the Deployment.",
+    )
     model: ModelSpec = section(ModelSpec)
     runtime: RuntimeSpec = section(RuntimeSpec)
     batching: BatchingSpec = section(BatchingSpec)
@@ -296,6 +326,12 @@ class InferenceServiceSpec(ApiModel):
             raise ValueError("batching: minBatchSize <= initialBatchSize <= maxBatchSize must hold")
         if s.min_replicas > s.max_replicas:
             raise ValueError("scaling: minReplicas must not exceed maxReplicas")
+        if self.runtime.gpus_per_pod > 1:
+            raise ValueError(ONE_GPU)
+        if s.replicas == "wok" and self.replicas is not None:
+            raise ValueError(ONE_OWNER)
+        if s.replicas == "external" and self.replicas is None:
+            raise ValueError(EXTERNAL_COUNT)
         if b.mode != "continuous" and self.memory.max_model_len > b.max_num_batched_tokens:
             raise ValueError(
                 "static and serial batching cannot chunk prefills: "
@@ -385,6 +421,9 @@ class InferenceServiceStatus(ApiModel):
     )
     replicas: int | None = None
     ready_replicas: int | None = None
+    selector: str | None = Field(
+        default=None, description="The runtime pods' label selector (the scale subresource's)."
+    )
     batch_size: int | None = None
     memory: MemoryStatus | None = None
     last_decision: LastDecision | None = None

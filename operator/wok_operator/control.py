@@ -78,13 +78,16 @@ class LawParams:
     @classmethod
     def from_spec(cls, spec: InferenceServiceSpec, *, batch_mem: int) -> LawParams:
         b, s, slo = spec.batching, spec.scaling, spec.slo
+        # An external owner (kubectl scale, an HPA, KEDA) pins the count: the law then cannot
+        # move it, and moves the batch exactly as it would beside its own replicas.
+        pinned = spec.replicas if s.replicas == "external" else None
         return cls(
             batch_min=b.min_batch_size,
             batch_max=b.max_batch_size,
             batch_mem=batch_mem,
             batch_step=b.step,
-            replicas_min=s.min_replicas,
-            replicas_max=s.max_replicas,
+            replicas_min=s.min_replicas if pinned is None else pinned,
+            replicas_max=s.max_replicas if pinned is None else pinned,
             replicas_max_step=s.max_step,
             target_queue=s.target_queue_per_replica,
             deadband=s.deadband,

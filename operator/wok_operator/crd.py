@@ -124,7 +124,15 @@ def inference_service_crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {
+                        "status": {},
+                        # kubectl scale, an HPA or a KEDA ScaledObject may own the replica count
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": root},
                 }

@@ -42,6 +42,7 @@ from wok_operator.resources import (
     desired_deployment,
     desired_pod_monitor,
     desired_service,
+    selector_text,
 )
 from wok_operator.signals import ServiceSignals, SignalsHub
 
@@ -198,6 +199,7 @@ def reconcile(
             "memory": memory_status(plan),
             "batchSize": batch,
             "replicas": replicas,
+            "selector": selector_text(name),
             "conditions": conditions,
         }
     )

@@ -115,9 +115,12 @@ def state_from_status(
     fresh = initial_state(spec, params)
     status = status or {}
     memory = LoopMemory.model_validate(status.get("controller") or {})
+    replicas = int(status.get("replicas") or fresh.replicas)
+    if spec.scaling.replicas == "external":
+        replicas = params.replicas_floor  # what kubectl scale, the HPA or KEDA last wrote
     return LoopState(
         batch=int(status.get("batchSize") or fresh.batch),
-        replicas=int(status.get("replicas") or fresh.replicas),
+        replicas=replicas,
         **memory.model_dump(),
     )
 

@@ -39,6 +39,11 @@ def selector_labels(service: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "wok-runtime", "app.kubernetes.io/instance": service}
 
 
+def selector_text(service: str) -> str:
+    """The pods' selector as the scale subresource reports it (for an HPA or KEDA)."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(service).items())
+
+
 def common_labels(service: str) -> dict[str, str]:
     return {
         **selector_labels(service),

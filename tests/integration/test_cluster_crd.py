@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from wok_cluster.binaries import kubectl
 from wok_cluster.kubeapi import KubeError
 from wok_cluster.waiting import wait_until
 
@@ -24,19 +24,7 @@ def _established(api, name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def crd_installed(wok_apiserver):
-    result = subprocess.run(
-        [
-            "kubectl",
-            f"--kubeconfig={wok_apiserver.kubeconfig}",
-            "apply",
-            "--server-side",
-            "-f",
-            str(CRD),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = kubectl(wok_apiserver.kubeconfig, "apply", "--server-side", "-f", str(CRD))
     assert result.returncode == 0, result.stderr
     name = yaml.safe_load(CRD.read_text())["metadata"]["name"]
     with wok_apiserver.api() as api:
@@ -88,3 +76,38 @@ def test_schema_rejects_memory_utilization_above_one(crd_installed, wok_apiserve
     assert rejected.value.status == 422
     assert "spec.memory.gpuMemoryUtilization" in rejected.value.message
     assert "should be less than or equal to 0.98" in rejected.value.message
+
+
+def test_kubectl_scale_moves_an_external_owners_replicas(
+    crd_installed, wok_apiserver, wok_namespace
+):
+    spec = {"model": {"source": "builtin:tiny"}, "replicas": 1, "scaling": {"replicas": "external"}}
+    with wok_apiserver.api() as api:
+        _create(api, wok_namespace, _service("hpa-owned", spec))
+        path = f"/apis/wok.dev/v1alpha1/namespaces/{wok_namespace}/inferenceservices/hpa-owned"
+        # What an HPA or KEDA reads and writes: the scale subresource.
+        scale = api.get(f"{path}/scale")
+        assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
+        scaled = kubectl(
+            wok_apiserver.kubeconfig, "scale", "wis/hpa-owned", "-n", wok_namespace, "--replicas=3"
+        )
+        assert scaled.returncode == 0, scaled.stderr
+        assert api.get(path)["spec"]["replicas"] == 3
+
+
+def test_kubectl_scale_is_refused_while_wok_owns_the_replicas(
+    crd_installed, wok_apiserver, wok_namespace
+):
+    with wok_apiserver.api() as api:
+        _create(api, wok_namespace, _service("wok-owned", {"model": {"source": "builtin:tiny"}}))
+    scaled = kubectl(
+        wok_apiserver.kubeconfig, "scale", "wis/wok-owned", "-n", wok_namespace, "--replicas=3"
+    )
+    assert scaled.returncode != 0
+    assert "set scaling.replicas: external to hand it over" in scaled.stderr, scaled.stderr
+    # Both owners in one spec are refused at create, with the same message.
+    both = {"model": {"source": "builtin:tiny"}, "replicas": 2}
+    with wok_apiserver.api() as api, pytest.raises(KubeError) as rejected:
+        _create(api, wok_namespace, _service("two-owners", both))
+    assert rejected.value.status == 422
+    assert "one owner at a time" in rejected.value.message

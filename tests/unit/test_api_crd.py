@@ -43,6 +43,10 @@ def test_examples_are_valid(path):
         ({"runtime": {"gpuMemory": "lots"}}, "String should match pattern"),
         ({"batching": {"maxBatchSize": 64, "typo": 1}}, "Extra inputs are not permitted"),
         ({"queue": {"priorityClasses": [{"name": "a", "priority": 0}] * 2}}, "must be unique"),
+        ({"replicas": 3}, "one owner at a time"),
+        ({"runtime": {"gpusPerPod": 2}}, "tensor parallelism is not supported yet"),
+        ({"scaling": {"replicas": "external"}}, "needs spec.replicas"),
+        ({"scaling": {"replicas": "keda"}}, "Input should be 'wok' or 'external'"),
     ],
 )
 def test_invalid_specs_are_rejected_with_a_readable_message(spec, message):
@@ -139,6 +143,19 @@ def test_cel_rules_have_messages_and_match_the_python_checks():
     for rule in rules:
         assert rule["rule"] and rule["message"]
     assert any("minBatchSize <= initialBatchSize" in r["message"] for r in rules)
+
+
+def test_the_scale_subresource_lets_an_hpa_or_keda_own_the_replicas():
+    version = inference_service_crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    external = api.InferenceServiceSpec.model_validate(
+        {"replicas": 0, "scaling": {"replicas": "external"}}
+    )
+    assert external.replicas == 0
 
 
 def test_printer_columns():

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SPEC = InferenceServiceSpec.model_validate(
     {
-        "runtime": {"gpuMemory": "256Mi", "gpusPerPod": 2},
+        "runtime": {"gpuMemory": "256Mi", "gpusPerPod": 1},
         "memory": {"maxModelLen": 512, "reserve": "16Mi"},
         "model": {"dtype": "float32"},
     }
@@ -59,7 +59,7 @@ def test_deployment_runs_the_runtime_with_flags_from_the_spec():
     assert env["WOK_MAX_BATCH_SIZE"]["valueFrom"]["configMapKeyRef"]["key"] == BATCH_SIZE_KEY
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["OMP_NUM_THREADS"]["value"] == "2"
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     security = container["securityContext"]
@@ -125,6 +125,39 @@ def test_observation_divides_the_queue_by_ready_pods_only():
     assert obs.queue_per_replica == 3 and obs.running_per_replica == pytest.approx(4 / 3)
     assert observe(ServiceSignals(), pods).queue_per_replica is None
     assert observe(ServiceSignals(waiting=5), []).queue_per_replica is None
+
+
+def test_an_external_owner_pins_the_replicas_and_the_batch_still_moves():
+    """`scaling.replicas: external`: kubectl scale, an HPA or KEDA set spec.replicas; the law
+    never writes another count, whatever the queue says, and moves the batch as before."""
+    spec = SPEC.model_copy(
+        update={"replicas": 3, "scaling": SPEC.scaling.model_copy(update={"replicas": "external"})}
+    )
+    params = LawParams.from_spec(spec, batch_mem=PLAN.max_batch_size)
+    state = state_from_status({"replicas": 1, "batchSize": 8}, spec, params)
+    assert state.replicas == 3
+    flooded = Observation(
+        queue_per_replica=50,
+        kv_usage=0.2,
+        ready_replicas=3,
+        pending_replicas=0,
+        running_per_replica=8,
+        p99_ttft_seconds=30.0,
+        p99_tpot_seconds=0.01,
+    )
+    batches = []
+    for tick in range(12):
+        d = decide(state, flooded, params, now=100.0 + 5 * tick)
+        assert d.replicas == d.replicas_before == 3, d.reason
+        assert "replicas" not in d.reason, d.reason
+        batches.append(d.batch)
+        state = d.state
+    assert batches[0] > 8 and batches == sorted(batches)
+    # The HPA scales to zero: the law follows, it does not bring a pod back.
+    to_zero = spec.model_copy(update={"replicas": 0})
+    params = LawParams.from_spec(to_zero, batch_mem=PLAN.max_batch_size)
+    idle = state_from_status({"replicas": 3}, to_zero, params)
+    assert decide(idle, flooded, params, now=200.0).replicas == 0
 
 
 def test_state_round_trips_through_status():

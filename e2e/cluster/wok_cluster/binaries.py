@@ -60,6 +60,17 @@ class Binaries:
         return _on_path("kubectl")
 
 
+def kubectl(kubeconfig: str | Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs the cluster's kubectl against `kubeconfig`; the caller checks the result."""
+    return subprocess.run(
+        [_on_path("kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
 def _on_path(name: str) -> str:
     found = shutil.which(name)
     if not found:
