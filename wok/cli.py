@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
     from wok import demo
+    from wok_batch import cli as batch_cli
     from wok_cluster import cli as cluster_cli
     from wok_operator import cli as operator_cli
     from wok_runtime import cli as runtime_cli
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wok", description="Batching-aware autoscaling for LLM inference on Kubernetes."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for part in (operator_cli, runtime_cli, sim_cli, cluster_cli, demo):
+    for part in (operator_cli, runtime_cli, sim_cli, cluster_cli, batch_cli, demo):
         part.register(commands)
     return parser
 
