@@ -141,6 +141,47 @@ def test_minimal_example_lifecycle(operator, crds, wok_namespace):
     wait_for(lambda: not runtime_pods(kc, ns, "tiny"), "pods gone", 60)
 
 
+def test_an_inference_service_on_simulated_gpus(operator, crds, wok_namespace):
+    """`sim:llama-3-8b-80g`: the real runtime on the simulated accelerator (the profile's step
+    times, no model), budgeted as the Llama-3-8B on an 80 GB GPU it stands for."""
+    kc, ns = crds, wok_namespace
+    doc = {
+        "apiVersion": "wok.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "simulated"},
+        "spec": {
+            "model": {"source": "sim:llama-3-8b-80g", "preset": "llama-3-8b", "dtype": "bfloat16"},
+            "runtime": {"gpuMemory": "80Gi", "cpu": "1", "memory": "512Mi", "simLoadSeconds": 3},
+        },
+    }
+    kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(doc))
+    pods = wait_for(
+        lambda: [p for p in runtime_pods(kc, ns, "simulated") if ready(p)], "a ready sim pod", 120
+    )
+    ip = pods[0]["status"]["podIP"]
+    reply = httpx.post(
+        f"http://{ip}:8000/v1/completions",
+        timeout=30,
+        json={"model": "llama-3-8b-80g", "prompt": "hello", "max_tokens": 50, "ignore_eos": True},
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 50
+    wis = wait_for(
+        lambda: (
+            (w := get_json(kc, "wis", "simulated", "-n", ns))
+            and (condition(w, "Ready") or {}).get("status") == "True"
+            and w
+        ),
+        "Ready=True",
+        60,
+    )
+    # Budgeted as the 8B on 80 GB: 221 sequences of 2,048 tokens, as `wok budget` says.
+    assert wis["status"]["memory"]["maxBatchByMemory"] == 221
+    assert wis["status"]["batchSize"] == 32
+    kubectl(kc, "delete", "wis", "simulated", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(lambda: not runtime_pods(kc, ns, "simulated"), "pods gone", 60)
+
+
 def test_a_model_that_cannot_fit_is_degraded_and_creates_nothing(operator, crds, wok_namespace):
     kc, ns = crds, wok_namespace
     doc = {

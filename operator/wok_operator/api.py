@@ -87,9 +87,11 @@ class ModelSpec(ApiModel):
     source: str = Field(
         default="builtin:tiny",
         max_length=1024,
-        pattern=r"^(builtin:[a-z0-9][a-z0-9.-]*|/.+)$",
-        description="`builtin:<name>`, or the absolute path of an HF-format directory in a "
-        "mounted volume.",
+        pattern=r"^((builtin|sim):[a-z0-9][a-z0-9.-]*|/.+)$",
+        description="`builtin:<name>`, the absolute path of an HF-format directory in a "
+        "mounted volume, or `sim:<profile>`: a simulated accelerator that serves with the "
+        "profile's step times and KV capacity and no model (`model.preset` names the model it "
+        "stands for, which sizes the budget).",
     )
     served_name: str | None = Field(
         default=None, max_length=253, description="Model name in the OpenAI API."
@@ -113,6 +115,12 @@ class RuntimeSpec(ApiModel):
     cpu: Quantity = "2"
     memory: Quantity = "8Gi"
     drain_seconds: int = Field(default=30, ge=0, le=3600, description="Graceful drain on stop.")
+    sim_load_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="`sim:` sources only: how long a pod takes to load (default: the profile's).",
+    )
 
 
 class BatchingSpec(ApiModel):
@@ -253,6 +261,7 @@ class MetricsSpec(ApiModel):
     )
 
 
+SIM_ONLY = "runtime.simLoadSeconds applies to sim: sources only (a real model loads as it loads)"
 ONE_GPU = (
     "runtime.gpusPerPod: tensor parallelism is not supported yet; a pod serves on one GPU "
     "(scale out with replicas)"
@@ -291,8 +300,12 @@ class InferenceServiceSpec(ApiModel):
                 cel(
                     "self.model.source.startsWith('builtin:') || has(self.model.preset) || "
                     "has(self.model.architecture)",
-                    "model: a path source needs model.preset or model.architecture "
+                    "model: a path or sim: source needs model.preset or model.architecture "
                     "so the operator can size the KV cache",
+                ),
+                cel(
+                    "!has(self.runtime.simLoadSeconds) || self.model.source.startsWith('sim:')",
+                    SIM_ONLY,
                 ),
                 cel(
                     "!self.model.source.startsWith('/') || has(self.model.volume)",
@@ -340,9 +353,11 @@ class InferenceServiceSpec(ApiModel):
         source = self.model.source
         if not source.startswith("builtin:") and not (self.model.preset or self.model.architecture):
             raise ValueError(
-                "model: a path source needs model.preset or model.architecture "
+                "model: a path or sim: source needs model.preset or model.architecture "
                 "so the operator can size the KV cache"
             )
+        if self.runtime.sim_load_seconds is not None and not source.startswith("sim:"):
+            raise ValueError(SIM_ONLY)
         if source.startswith("/") and self.model.volume is None:
             raise ValueError("model: a path source needs model.volume (the claim that holds it)")
         return self

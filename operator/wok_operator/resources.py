@@ -54,7 +54,24 @@ def common_labels(service: str) -> dict[str, str]:
 
 
 def served_model_name(spec: InferenceServiceSpec) -> str:
-    return spec.model.served_name or spec.model.source.removeprefix("builtin:")
+    source = spec.model.source
+    return spec.model.served_name or source.removeprefix("builtin:").removeprefix("sim:")
+
+
+def accelerator_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
+    """How the pod's accelerator is sized: the KV pool from the budget, or for a `sim:` source
+    the profile's step times and KV capacity (the budget still sets the batch cap)."""
+    if spec.model.source.startswith("sim:"):
+        load = spec.runtime.sim_load_seconds
+        return [
+            "--device=sim",
+            f"--profile={spec.model.source}",
+            *([] if load is None else [f"--sim-load-seconds={load:g}"]),
+        ]
+    return [
+        f"--kv-cache-bytes={budget.kv_budget_bytes}",
+        f"--gpu-memory-utilization={spec.memory.gpu_memory_utilization:g}",
+    ]
 
 
 def cpu_threads(cpu: str) -> int:
@@ -84,8 +101,7 @@ def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
         f"--aging-seconds={q.aging_seconds:g}",
         f"--max-model-len={m.max_model_len}",
         f"--dtype={spec.model.dtype}",
-        f"--kv-cache-bytes={budget.kv_budget_bytes}",
-        f"--gpu-memory-utilization={m.gpu_memory_utilization:g}",
+        *accelerator_args(spec, budget),
         f"--drain-seconds={spec.runtime.drain_seconds}",
     ]
 

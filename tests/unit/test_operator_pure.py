@@ -73,6 +73,22 @@ def test_deployment_runs_the_runtime_with_flags_from_the_spec():
     assert all(pod["metadata"]["labels"][k] == v for k, v in selector.items())
 
 
+def test_a_sim_source_runs_the_simulated_accelerator_sized_by_its_profile():
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"source": "sim:llama-3-8b-80g", "preset": "llama-3-8b"},
+            "runtime": {"simLoadSeconds": 2},
+        }
+    )
+    plan = plan_for_spec(spec)
+    args = runtime_args(spec, plan)
+    assert {"--device=sim", "--profile=sim:llama-3-8b-80g", "--sim-load-seconds=2"} <= set(args)
+    assert "--served-model-name=llama-3-8b-80g" in args
+    # The profile sizes the KV pool; the budget of the model it stands for caps the batch.
+    assert not any(a.startswith(("--kv-cache-bytes", "--gpu-memory-utilization")) for a in args)
+    assert plan.max_batch_size > 32
+
+
 def test_rendering_is_deterministic_and_the_configmap_carries_the_batch():
     first = desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=1)
     assert first == desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=1)
