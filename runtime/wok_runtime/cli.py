@@ -73,6 +73,25 @@ def _register_serve(runtime: Any) -> None:
         default=None,
         help="sim: not ready this long after start (default: the profile's load_seconds)",
     )
+    p.add_argument(
+        "--batch-queue-size",
+        type=int,
+        default=1024,
+        help="bound of the batch lane's own queue (a full one refuses only batch requests)",
+    )
+    p.add_argument(
+        "--batch-queue-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds a batch-lane request may wait for admission",
+    )
+    p.add_argument(
+        "--batch-lane-max-batch-size",
+        type=int,
+        default=None,
+        help="the batch lane's cap while no online request runs or waits "
+        "(default: as many max-model-len sequences as the KV pool holds)",
+    )
     p.add_argument("--priority-classes", default="interactive=0,standard=1,batch=2")
     p.add_argument("--aging-seconds", type=float, default=10.0)
     p.add_argument("--tenant-kv-share", type=float, default=1.0)

@@ -29,7 +29,7 @@ from wok_runtime.engine_config import BatchingParams, EngineConfig, Mode
 from wok_runtime.request_queue import QueueFullError, RequestQueue
 from wok_runtime.sampling_params import SamplingParams
 from wok_runtime.scheduler import Scheduler, SchedulerOutput
-from wok_runtime.sequence import RequestMetrics, Sequence
+from wok_runtime.sequence import LANES, Lane, RequestMetrics, Sequence
 from wok_runtime.step import StepExecutor, StepTokens
 
 __all__ = [
@@ -68,7 +68,8 @@ class RequestOutput:
 
 @dataclass(frozen=True)
 class StepStats:
-    """One engine step, for `on_step`. `batch_size` is the sequences in this step's forward."""
+    """One engine step, for `on_step`. `batch_size` is the sequences in this step's forward;
+    like `num_running` and `num_waiting` it counts both lanes."""
 
     batch_size: int
     num_prefill_tokens: int
@@ -84,6 +85,11 @@ class StepStats:
 
 @dataclass(frozen=True)
 class EngineStats:
+    """The engine now. The unprefixed request figures are the online lane's (what the vLLM
+    metric names and the operator's autoscaling mean); `batch_*` are the batch lane's. The
+    `kv_blocks_*` figures are the whole pool, while `kv_usage` counts only online blocks: the
+    batch lane's are the online lane's to take back at any step."""
+
     num_waiting: int
     num_running: int
     waiting_by_priority: dict[int, int]
@@ -95,6 +101,11 @@ class EngineStats:
     num_preemptions_total: int
     completed_total: int
     recent_completion_rate: float
+    batch_waiting: int = 0
+    batch_running: int = 0
+    batch_kv_blocks: int = 0
+    batch_preemptions_total: int = 0
+    batch_pending_tokens: int = 0  # output tokens the batch lane still owes, at most
 
 
 OutputCallback = Callable[[RequestOutput], None]
@@ -142,6 +153,10 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             block_manager=self.block_manager,
             queue=RequestQueue(config.max_queue, aging_s=config.aging_s),
+            batch_queue=RequestQueue(
+                config.batch_max_queue, aging_s=config.aging_s, name="batch queue"
+            ),
+            batch_lane_max_batch_size=config.batch_lane_max_batch_size,
             eos_token_id=_eos_token_id(runner),
         )
         self._executor = _executor_for(runner)
@@ -192,11 +207,18 @@ class LLMEngine:
         queue_timeout_s: float | None = None,
         request_id: str | None = None,
         incremental: bool = True,
+        lane: Lane = "online",
     ) -> str:
         """`on_output` gets each step's new tokens, or with `incremental=False` one output when
-        the request has finished (a non-streamed answer: one wake-up instead of one a token)."""
+        the request has finished (a non-streamed answer: one wake-up instead of one a token).
+        `lane="batch"`: offline work, served from what the online lane leaves free (its own
+        queue and queue timeout)."""
         self._validate(prompt_token_ids, params)
+        if lane not in LANES:
+            raise InvalidRequestError(f"lane must be one of {', '.join(LANES)}, got {lane!r}")
         timeout = self.config.queue_timeout_s
+        if lane == "batch":
+            timeout = self.config.batch_queue_timeout_s
         if queue_timeout_s is not None:
             if not queue_timeout_s > 0:
                 raise InvalidRequestError(f"queue_timeout_s must be > 0, got {queue_timeout_s}")
@@ -215,6 +237,7 @@ class LLMEngine:
                 arrival_time=now,
                 priority=priority,
                 tenant=tenant,
+                lane=lane,
                 queue_deadline=now + timeout,
             )
             self.scheduler.add(seq, now)  # raises QueueFullError
@@ -246,19 +269,30 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             bm = self.block_manager
-            queue = self.scheduler.queue
+            sched = self.scheduler
+            queue = sched.queue
+            batch_running = [s for s in sched.running if s.is_batch]
+            batch_blocks = sum(len(s.block_table) for s in batch_running)
+            pending = [*batch_running, *sched.batch_queue.in_order(0.0)]
             return EngineStats(
                 num_waiting=len(queue),
-                num_running=len(self.scheduler.running),
+                num_running=len(sched.running) - len(batch_running),
                 waiting_by_priority=queue.count_by_priority(),
                 kv_blocks_total=bm.num_blocks,
                 kv_blocks_used=bm.num_used_blocks,
                 kv_blocks_free=bm.num_free_blocks,
-                kv_usage=bm.usage,
-                max_batch_size=self.scheduler.max_batch_size,
-                num_preemptions_total=self.scheduler.num_preemptions_total,
+                kv_usage=(bm.num_used_blocks - batch_blocks) / bm.num_blocks,
+                max_batch_size=sched.max_batch_size,
+                num_preemptions_total=sched.preemptions["online"],
                 completed_total=self._completed_total,
                 recent_completion_rate=queue.completions.rate(self._clock()),
+                batch_waiting=len(sched.batch_queue),
+                batch_running=len(batch_running),
+                batch_kv_blocks=batch_blocks,
+                batch_preemptions_total=sched.preemptions["batch"],
+                batch_pending_tokens=sum(
+                    s.params.max_tokens - s.num_output_tokens for s in pending
+                ),
             )
 
     @property
@@ -275,6 +309,7 @@ class LLMEngine:
             mode=self.config.mode,
             capacity=self.scheduler.capacity,
             kv_safe_batch_size=self.scheduler.kv_safe_batch_size,
+            batch_lane_max_batch_size=self.scheduler.batch_lane_max_batch_size,
         )
 
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
@@ -355,8 +390,7 @@ class LLMEngine:
         return outputs
 
     def _finish_everything(self, now: float) -> list[tuple[OutputCallback, RequestOutput]]:
-        left = list(self.scheduler.running)
-        left += [s for s in list(self.scheduler.queue.in_order(now))]
+        left = list(self.scheduler.running) + self.scheduler.waiting(now)
         for seq in left:
             self.scheduler.finish(seq, "abort", now, error="the engine shut down first")
         return self._outputs_for(left)
@@ -385,7 +419,7 @@ class LLMEngine:
                 step_seconds=time.perf_counter() - started,
                 num_sampled=len(sampled),
                 num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.queue),
+                num_waiting=len(self.scheduler.queue) + len(self.scheduler.batch_queue),
                 max_batch_size=self.scheduler.max_batch_size,
                 kv_usage=self.block_manager.usage,
             )

@@ -25,6 +25,11 @@ class EngineConfig:
     KV blocks one tenant may hold (1.0 = no cap). `stream_interval`: after the first token, an
     incremental output waits until it has this many new tokens (or the request ends), as vLLM's
     `--stream-interval`: fewer, larger stream chunks, for a fraction of the host work.
+
+    The batch lane (scheduler.py) has its own bounded queue (`batch_max_queue`), so an offline
+    backlog never fills the online queue, and its own wait limit (`batch_queue_timeout_s`:
+    offline work expects to wait behind the online lane). `batch_lane_max_batch_size` caps the
+    batch lane while the online lane is idle (None: the memory cap, `kv_safe_batch_size`).
     """
 
     mode: Mode = "continuous"
@@ -37,6 +42,9 @@ class EngineConfig:
     aging_s: float = 10.0
     tenant_kv_share: float = 1.0
     stream_interval: int = 1
+    batch_max_queue: int = 1024
+    batch_queue_timeout_s: float = 3600.0
+    batch_lane_max_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +69,14 @@ class EngineConfig:
             raise ValueError(f"tenant_kv_share must be in (0, 1], got {self.tenant_kv_share}")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+        if self.batch_max_queue < 1:
+            raise ValueError(f"batch_max_queue must be >= 1, got {self.batch_max_queue}")
+        if not (self.batch_queue_timeout_s > 0):  # also rejects NaN
+            raise ValueError(f"batch_queue_timeout_s must be > 0, got {self.batch_queue_timeout_s}")
+        if self.batch_lane_max_batch_size is not None and self.batch_lane_max_batch_size < 1:
+            raise ValueError(
+                f"batch_lane_max_batch_size must be >= 1, got {self.batch_lane_max_batch_size}"
+            )
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,8 @@ class BatchingParams:
     `capacity`: the ceiling for `max_batch_size`, the number of KV blocks (a running sequence
     holds at least one). `kv_safe_batch_size`: how many `max_model_len` sequences the pool holds;
     up to it preemption cannot happen, above it the pool is overcommitted (preemption by
-    recompute absorbs the overflow when sequences grow long).
+    recompute absorbs the overflow when sequences grow long). `batch_lane_max_batch_size`: the
+    batch lane's cap while the online lane is idle (clamped to `capacity`).
     """
 
     max_batch_size: int
@@ -79,3 +96,4 @@ class BatchingParams:
     mode: Mode
     capacity: int
     kv_safe_batch_size: int = 0
+    batch_lane_max_batch_size: int = 0

@@ -55,7 +55,9 @@ class _Request(BaseModel):
     )
     return_token_ids: bool = Field(default=False, description="wok extension: the output ids")
     priority: Priority | None = Field(
-        default=None, description="wok extension: a number (0 = most urgent) or a class name"
+        default=None,
+        description="wok extension: a number (0 = most urgent), a class name, or a lane: "
+        '"batch" (offline work, served only from what online traffic leaves free) or "online"',
     )
 
     def stop_strings(self) -> list[str]:

@@ -61,13 +61,14 @@ class CompletionRate:
 
 
 class RequestQueue:
-    def __init__(self, max_size: int, aging_s: float = 10.0) -> None:
+    def __init__(self, max_size: int, aging_s: float = 10.0, *, name: str = "queue") -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
         if not math.isfinite(aging_s) or aging_s < 0:
             raise ValueError(f"aging_s must be >= 0 (0 = no aging), got {aging_s}")
         self.max_size = max_size
         self.aging_s = aging_s
+        self.name = name  # for the refusal's message ("queue", "batch queue")
         # One list per priority class, each sorted by arrival time (FIFO within the class).
         self._classes: dict[int, list[Sequence]] = {}
         self._by_id: dict[str, Sequence] = {}
@@ -92,7 +93,8 @@ class RequestQueue:
         """Queues a new request, or raises QueueFullError when the queue is at its bound."""
         if len(self) >= self.max_size:
             raise QueueFullError(
-                f"queue full ({len(self)} waiting, max {self.max_size})", self.retry_after_s(now)
+                f"{self.name} full ({len(self)} waiting, max {self.max_size})",
+                self.retry_after_s(now),
             )
         self._insert(seq)
 

@@ -17,17 +17,42 @@ preemption absorbs the overflow. Two baseline modes share the interface: `static
 batch only when nothing runs (when `max_batch_size` requests wait or the oldest has waited
 `max_wait_ms`) and runs it to completion; `serial` runs one request at a time.
 
+Two lanes. The online lane is scheduled as if the batch lane did not exist: its running sequences
+go first, then its waiting requests are admitted under `max_batch_size`, and a running batch
+sequence counts as room the online lane may take back (preempted by recompute, the one that
+loses least work first, only as many as the online request in hand needs: a slot under the cap,
+or KV blocks). The batch lane then gets what is left: its running sequences run on the leftover
+token budget, and its waiting requests are admitted only while no online request waits and no
+sequence was preempted this step, into the slots below `max_batch_size` that online sequences do
+not use, less one kept free for the next online arrival, and leaving one free block per running
+online sequence (their next decode growth would otherwise evict batch work at once). When the
+online lane has been idle (nothing running or waiting) for `online_idle_grace_s`, it may grow to
+`batch_lane_max_batch_size`; the grace keeps a trickle of online arrivals from shrinking and
+regrowing a large batch every step. Online sequences are never preempted for batch ones. In the
+baseline modes (static, serial), which never preempt, batch work is admitted only when nothing
+runs.
+
 Pure Python: no torch, times are passed in.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from wok_runtime.block_manager import BlockManager
 from wok_runtime.engine_config import Mode
 from wok_runtime.request_queue import RequestQueue
-from wok_runtime.sequence import Sequence, SequenceStatus
+from wok_runtime.sequence import Lane, Sequence, SequenceStatus
+
+#: How long the online lane must have been idle before the batch lane may exceed
+#: `max_batch_size`: long enough that sparse online arrivals do not shrink a large batch lane
+#: (by preemption) and regrow it (by recompute) over and over.
+ONLINE_IDLE_GRACE_S = 1.0
+#: Slots under `max_batch_size` the batch lane leaves free while online traffic is about, for
+#: the next online arrival: without one, every arrival finds the cap full and preempts a batch
+#: sequence whose prompt is then computed again (`bench/results/batch_lane.md`).
+ONLINE_HEADROOM_SLOTS = 1
 
 
 @dataclass(frozen=True)
@@ -58,9 +83,15 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-def _rank(seq: Sequence) -> tuple[int, float]:
-    """Lower is better: priority class, then arrival (older first)."""
-    return (seq.priority, seq.arrival_time)
+def _rank(seq: Sequence) -> tuple[bool, int, float]:
+    """Lower is better: the online lane before the batch lane, then the priority class, then
+    arrival (older first)."""
+    return (seq.is_batch, seq.priority, seq.arrival_time)
+
+
+def _recompute_cost(seq: Sequence) -> tuple[int, float]:
+    """Lower is cheaper to preempt: the work a recompute repeats, then the newer arrival."""
+    return (seq.num_computed_tokens, -seq.arrival_time)
 
 
 class Scheduler:
@@ -75,12 +106,20 @@ class Scheduler:
         block_manager: BlockManager,
         queue: RequestQueue,
         eos_token_id: int | None,
+        batch_queue: RequestQueue | None = None,
+        batch_lane_max_batch_size: int | None = None,
+        online_idle_grace_s: float = ONLINE_IDLE_GRACE_S,
     ) -> None:
         self.mode = mode
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.block_manager = block_manager
-        self.queue = queue
+        self.queue = queue  # the online lane's
+        if batch_queue is None:  # (not `or`: an empty queue is falsy)
+            batch_queue = RequestQueue(1024, queue.aging_s, name="batch queue")
+        self.batch_queue = batch_queue
+        self.online_idle_grace_s = online_idle_grace_s
+        self._online_seen_at = -math.inf  # the last step that had online work
         self.eos_token_id = eos_token_id
         blocks_per_seq = block_manager.blocks_for_tokens(max_model_len)
         if blocks_per_seq > block_manager.num_blocks:
@@ -104,13 +143,24 @@ class Scheduler:
         self.max_batch_size = 1
         self.max_wait_ms = 0
         self.draining = False  # static mode: form a batch at once instead of waiting to fill
-        self.num_preemptions_total = 0
-        self.set_batching(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        self.preemptions: dict[Lane, int] = {"online": 0, "batch": 0}
+        # Default: the memory cap, as many max_model_len sequences as the pool holds, so a
+        # large batch lane never has to preempt itself.
+        self.batch_lane_max_batch_size = self.kv_safe_batch_size
+        self.set_batching(
+            max_batch_size=max_batch_size,
+            max_wait_ms=max_wait_ms,
+            batch_lane_max_batch_size=batch_lane_max_batch_size,
+        )
 
     # --- live parameters ----------------------------------------------------------------------
 
     def set_batching(
-        self, *, max_batch_size: int | None = None, max_wait_ms: int | None = None
+        self,
+        *,
+        max_batch_size: int | None = None,
+        max_wait_ms: int | None = None,
+        batch_lane_max_batch_size: int | None = None,
     ) -> None:
         """Takes effect at the next `schedule`. Values are clamped, never refused."""
         if max_batch_size is not None:
@@ -119,27 +169,42 @@ class Scheduler:
             )
         if max_wait_ms is not None:
             self.max_wait_ms = max(0, max_wait_ms)
+        if batch_lane_max_batch_size is not None:
+            self.batch_lane_max_batch_size = min(max(1, batch_lane_max_batch_size), self.capacity)
+
+    @property
+    def num_preemptions_total(self) -> int:
+        return sum(self.preemptions.values())
 
     # --- requests in and out ------------------------------------------------------------------
 
+    def queue_of(self, seq: Sequence) -> RequestQueue:
+        return self.batch_queue if seq.is_batch else self.queue
+
     def add(self, seq: Sequence, now: float) -> None:
-        self.queue.push(seq, now)
+        """Queues `seq` in its lane's queue; QueueFullError when that queue is at its bound (a
+        full batch queue never refuses online work, nor the reverse)."""
+        self.queue_of(seq).push(seq, now)
 
     def has_work(self) -> bool:
-        return bool(self.running) or len(self.queue) > 0
+        return bool(self.running) or len(self.queue) > 0 or len(self.batch_queue) > 0
 
     def get(self, request_id: str) -> Sequence | None:
-        seq = self.queue.get(request_id)
+        seq = self.queue.get(request_id) or self.batch_queue.get(request_id)
         if seq is not None:
             return seq
         return next((s for s in self.running if s.request_id == request_id), None)
+
+    def waiting(self, now: float) -> list[Sequence]:
+        """Every waiting request, the online lane's first, each lane in service order."""
+        return [*self.queue.in_order(now), *self.batch_queue.in_order(now)]
 
     def finish(self, seq: Sequence, reason: str, now: float, error: str | None = None) -> None:
         """Ends a request wherever it is (queue or running) and frees everything it holds."""
         if seq.is_finished:
             return
         if seq.status is SequenceStatus.WAITING:
-            self.queue.remove(seq.request_id)
+            self.queue_of(seq).remove(seq.request_id)
         elif seq in self.running:
             self.running.remove(seq)
         self.block_manager.free(seq)
@@ -148,11 +213,11 @@ class Scheduler:
         seq.error = error
         seq.finished_time = now
         if seq.first_scheduled_time is not None:
-            self.queue.completions.record(now)
+            self.queue_of(seq).completions.record(now)  # each lane's Retry-After is its own
 
     def expire(self, now: float) -> list[Sequence]:
         """Waiting requests past their queue deadline, finished with reason "timeout"."""
-        expired = self.queue.expire(now)
+        expired = self.queue.expire(now) + self.batch_queue.expire(now)
         for seq in expired:
             waited = now - seq.arrival_time
             seq.status = SequenceStatus.FINISHED
@@ -162,9 +227,14 @@ class Scheduler:
         return expired
 
     def next_wakeup(self, now: float) -> float | None:
-        """When an idle engine must look again even if nothing arrives (a queue deadline, or the
-        moment a static batch is due)."""
-        times = [t for t in (self.queue.next_deadline(),) if t is not None]
+        """When an idle engine must look again even if nothing arrives (a queue deadline, the
+        moment a static batch is due, or the end of the online idle grace, which may open the
+        batch lane's slots: with `max_batch_size` 1 the headroom leaves it none before)."""
+        deadlines = (self.queue.next_deadline(), self.batch_queue.next_deadline())
+        times = [t for t in deadlines if t is not None]
+        grace_end = self._online_seen_at + self.online_idle_grace_s
+        if len(self.batch_queue) > 0 and grace_end > now:
+            times.append(grace_end)
         if self.mode == "static" and not self.running:
             oldest = self.queue.oldest_arrival()
             if oldest is not None:
@@ -175,9 +245,37 @@ class Scheduler:
 
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
         chosen: dict[Sequence, int] = {}  # seq -> tokens this step, in insertion order
-        ranked = sorted(self.running, key=_rank)
+        if self._online_present():
+            self._online_seen_at = now
+        online = [s for s in self.running if not s.is_batch]
+        budget = self._run(online, self.max_num_batched_tokens, chosen, out)
+        # After an online preemption the pool is short: admitting would only evict again (and
+        # could readmit the victim in the same step).
+        if not any(not s.is_batch for s in out.preempted):
+            budget = self._admit_online(now, budget, chosen, out)
+        batch = [s for s in self.running if s.is_batch]  # those the online lane left running
+        budget = self._run(batch, budget, chosen, out)
+        if not out.preempted and len(self.queue) == 0:
+            budget = self._admit_batch(now, budget, chosen)
+        for seq, n in chosen.items():
+            item = ScheduledSeq(seq=seq, start_pos=seq.num_computed_tokens, num_tokens=n)
+            out.scheduled.append(item)
+            if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0:
+                out.num_decode_tokens += n
+            else:
+                out.num_prefill_tokens += n
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+        assert budget >= 0
+        return out
+
+    def _run(
+        self, seqs: list[Sequence], budget: int, chosen: dict[Sequence, int], out: SchedulerOutput
+    ) -> int:
+        """Schedules running sequences (of one lane) on `budget`, preempting worse-ranked ones
+        when blocks run out; returns the budget left."""
+        ranked = sorted(seqs, key=_rank)
         # Decodes first: one token each keeps every running sequence moving even when a long
         # prefill chunk would eat the whole budget.
         order = [s for s in ranked if s.num_uncomputed_tokens == 1]
@@ -199,19 +297,10 @@ class Scheduler:
                 self.block_manager.allocate(seq, seq.num_computed_tokens + n)
                 chosen[seq] = n
                 budget -= n
-        if not out.preempted:
-            budget = self._admit(now, budget, chosen)
-        for seq, n in chosen.items():
-            item = ScheduledSeq(seq=seq, start_pos=seq.num_computed_tokens, num_tokens=n)
-            out.scheduled.append(item)
-            if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0:
-                out.num_decode_tokens += n
-            else:
-                out.num_prefill_tokens += n
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-        assert budget >= 0
-        return out
+        return budget
+
+    def _online_present(self) -> bool:
+        return len(self.queue) > 0 or any(not s.is_batch for s in self.running)
 
     def _admission_cap(self, now: float) -> int:
         """How many sequences may be running after this step's admissions."""
@@ -230,31 +319,101 @@ class Scheduler:
             return self.max_batch_size if due else 0
         return self.max_batch_size
 
-    def _admit(self, now: float, budget: int, chosen: dict[Sequence, int]) -> int:
+    def _batch_cap(self, now: float) -> int:
+        """How many sequences (both lanes) may be running after this step's batch admissions."""
+        if self.mode != "continuous":
+            # The baseline modes never preempt, so batch work starts only on an idle engine.
+            return 0 if self.running else (1 if self.mode == "serial" else self.max_batch_size)
+        idle = not self._online_present() and now - self._online_seen_at >= self.online_idle_grace_s
+        if idle:
+            return self.batch_lane_max_batch_size
+        return self.max_batch_size - ONLINE_HEADROOM_SLOTS
+
+    def _admit_online(
+        self, now: float, budget: int, chosen: dict[Sequence, int], out: SchedulerOutput
+    ) -> int:
         cap = self._admission_cap(now)
+        # Continuous mode takes slots and blocks back from the batch lane; the baseline modes
+        # never preempt.
+        reclaim = self.mode == "continuous"
         admitted: list[Sequence] = []
         for seq in self.queue.in_order(now):
-            if len(self.running) + len(admitted) >= cap or budget == 0:
+            if budget == 0:
                 break
             n = min(seq.num_uncomputed_tokens, budget)
             if self.block_manager.tenant_blocked(seq, n):
                 continue  # this tenant is at its share; others may still be admitted
+            batch = [s for s in self.running if s.is_batch] if reclaim else []
+            slots = len(self.running) + len(admitted) + 1 - cap  # to free for this one
+            batch_blocks = sum(len(s.block_table) for s in batch)
+            need = self.block_manager.blocks_needed(seq, n)
+            if slots > len(batch) or need > self.block_manager.num_free_blocks + batch_blocks:
+                break  # full even without the batch lane: keep priority order, let no small one by
+            # Only what this request needs: a slot under the cap, then blocks.
+            for _ in range(max(0, slots)):
+                self._evict_batch(out)
+            while not self.block_manager.can_allocate(seq, n) and self._evict_batch(out):
+                pass
             if not self.block_manager.can_allocate(seq, n):
-                break  # the pool is full: keep priority order rather than let small ones by
-            self.block_manager.allocate(seq, n)
-            admitted.append(seq)
-            chosen[seq] = n
+                break
+            self._start(seq, n, chosen, admitted)
             budget -= n
+        self._move_to_running(self.queue, admitted)
+        return budget
+
+    def _admit_batch(self, now: float, budget: int, chosen: dict[Sequence, int]) -> int:
+        cap = self._batch_cap(now)
+        running_batch = sum(s.is_batch for s in self.running)
+        # Growth room for the online sequences' next blocks, so that a decode does not evict
+        # the batch sequence just admitted (recompute churn).
+        reserve = sum(not s.is_batch for s in self.running)
+        admitted: list[Sequence] = []
+        for seq in self.batch_queue.in_order(now):
+            full = len(self.running) + len(admitted) >= cap
+            if full or running_batch + len(admitted) >= self.batch_lane_max_batch_size:
+                break
+            if budget == 0:
+                break
+            n = min(seq.num_uncomputed_tokens, budget)
+            if self.block_manager.tenant_blocked(seq, n):
+                continue
+            need = self.block_manager.blocks_needed(seq, n)
+            if not self.block_manager.can_allocate(seq, n):
+                break
+            if self.block_manager.num_free_blocks - need < reserve:
+                break
+            self._start(seq, n, chosen, admitted)
+            budget -= n
+        self._move_to_running(self.batch_queue, admitted)
+        return budget
+
+    def _start(
+        self, seq: Sequence, n: int, chosen: dict[Sequence, int], admitted: list[Sequence]
+    ) -> None:
+        self.block_manager.allocate(seq, n)
+        admitted.append(seq)
+        chosen[seq] = n
+
+    def _move_to_running(self, queue: RequestQueue, admitted: list[Sequence]) -> None:
         for seq in admitted:
-            self.queue.remove(seq.request_id)
+            queue.remove(seq.request_id)
             seq.status = SequenceStatus.RUNNING
             seq.queue_deadline = None  # admitted once: a later preemption never times it out
             self.running.append(seq)
-        return budget
+
+    def _evict_batch(self, out: SchedulerOutput) -> bool:
+        """Preempts the running batch sequence that loses least work; False when none runs.
+        Called before the batch lane is scheduled, so no step budget is held by a victim."""
+        batch = [s for s in self.running if s.is_batch]
+        if not batch:
+            return False
+        self._preempt(min(batch, key=_recompute_cost), out)
+        return True
 
     def _pick_victim(self, needy: Sequence, num_tokens: int) -> Sequence | None:
-        """The worst-ranked running sequence ranked below `needy`; when `needy`'s tenant is at its
-        quota, only that tenant's own sequences qualify (a tenant never evicts another)."""
+        """A running sequence ranked below `needy`: a batch one if any (the cheapest to
+        recompute), else the worst-ranked; when `needy`'s tenant is at its quota, only that
+        tenant's own sequences qualify (a tenant never evicts another)."""
         tenant_bound = self.block_manager.tenant_blocked(needy, num_tokens)
         candidates = [
             s
@@ -263,16 +422,19 @@ class Scheduler:
             and _rank(s) > _rank(needy)
             and (not tenant_bound or (s.tenant or "") == (needy.tenant or ""))
         ]
+        batch = [s for s in candidates if s.is_batch]
+        if batch:  # batch work goes first, the sequence whose recompute costs least
+            return min(batch, key=_recompute_cost)
         return max(candidates, key=_rank, default=None)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         if seq.block_table or seq.num_computed_tokens:
             seq.num_preemptions += 1
-            self.num_preemptions_total += 1
+            self.preemptions[seq.lane] += 1
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
-        self.queue.requeue(seq)
+        self.queue_of(seq).requeue(seq)
         out.preempted.append(seq)
 
     def postprocess(

@@ -4,14 +4,21 @@ Pure Python (no torch): the scheduler, block manager and queue all work on `Sequ
 they are tested in milliseconds. The token list holds the prompt followed by the generated tokens;
 `num_computed_tokens` says how many of them already have their K/V in the cache. Preemption by
 recompute simply sets it back to zero: the generated tokens stay and are recomputed as prompt.
+
+A sequence belongs to one of two lanes: `online` (the latency-bound traffic the operator scales
+for) or `batch` (offline work served only from the capacity the online lane leaves free).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from wok_runtime.sampling_params import SamplingParams
+
+Lane = Literal["online", "batch"]
+LANES: tuple[Lane, ...] = ("online", "batch")
 
 
 class SequenceStatus(enum.Enum):
@@ -44,6 +51,7 @@ class Sequence:
     arrival_time: float
     priority: int = 1
     tenant: str | None = None
+    lane: Lane = "online"
     # Absolute monotonic time after which a still-waiting request expires (None = never).
     queue_deadline: float | None = None
     status: SequenceStatus = SequenceStatus.WAITING
@@ -84,6 +92,10 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to run through the model before the next token can be sampled."""
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_batch(self) -> bool:
+        return self.lane == "batch"
 
     @property
     def is_finished(self) -> bool:

@@ -5,7 +5,9 @@ everything between a socket and `LLMEngine.add_request`: validation (OpenAI erro
 500 for bad input), backpressure (429 + Retry-After when the queue is full, 503 on queue timeout
 and while draining), cancellation (a client that goes away aborts its sequence and frees its KV
 blocks), the live admin API the operator drives, and a SIGTERM drain that lets in-flight requests
-finish before the process exits 0.
+finish before the process exits 0. It also routes each request to its lane: online, or batch
+(`"priority": "batch"` in the body, or `X-Wok-Lane: batch`), offline work that the engine serves
+only from what the online lane leaves free, with its own queue, 429s and metrics.
 
 With `--device sim` the engine runs on the simulated accelerator (sim_runner.py) and this module
 also models the weights' load time: the server listens at once, but is not ready (and serves
@@ -44,6 +46,7 @@ from wok_runtime.metrics import (
     REJECT_QUEUE_TIMEOUT,
     RuntimeMetrics,
 )
+from wok_runtime.sequence import LANES, Lane
 
 log = logging.getLogger("wok.runtime.server")
 
@@ -51,6 +54,7 @@ DEFAULT_PRIORITY_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 SAMPLING_EPS = 1e-5
 PRIORITY_HEADER = "x-wok-priority"
+LANE_HEADER = "x-wok-lane"  # online | batch; overrides a lane named by the body's priority
 TENANT_HEADER = "x-wok-tenant"
 PREEMPTIONS_HEADER = "x-wok-preemptions"  # on non-streamed answers: times it was preempted
 QUEUE_TIME_HEADER = "x-wok-queue-seconds"  # on non-streamed answers: arrival to first step
@@ -144,9 +148,12 @@ class _Tracked:
     the handler has gone) and hands the output to the event loop.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: RuntimeMetrics) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, metrics: RuntimeMetrics, lane: Lane = "online"
+    ) -> None:
         self.loop = loop
         self.metrics = metrics
+        self.lane = lane
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.request_id: str | None = None
         # Waits for the client to go away (Server.watch_disconnect) until the request ends or a
@@ -170,20 +177,23 @@ class _Tracked:
             if self._last_token_time is None:
                 # The first token opens the intervals; the rest of a first output (all of a
                 # non-streamed answer) spreads over the time since it.
-                self.metrics.observe_tokens(1, None)
+                self.metrics.observe_tokens(1, None, lane=self.lane)
                 if n > 1:
-                    self.metrics.observe_tokens(n - 1, last - out.metrics.first_token_time)
+                    interval = last - out.metrics.first_token_time
+                    self.metrics.observe_tokens(n - 1, interval, lane=self.lane)
             else:
-                self.metrics.observe_tokens(n, last - self._last_token_time)
+                self.metrics.observe_tokens(n, last - self._last_token_time, lane=self.lane)
             self._last_token_time = last
         if out.finished:
             reason = out.finish_reason
             if reason == "abort" and self.stopped_by_string:
                 reason = "stop"
             if reason == "timeout":
-                self.metrics.reject(REJECT_QUEUE_TIMEOUT)
+                self.metrics.reject(REJECT_QUEUE_TIMEOUT, lane=self.lane)
             elif reason in ("stop", "length", "abort"):
-                self.metrics.observe_finished(finish_reason=reason, metrics=out.metrics)
+                self.metrics.observe_finished(
+                    finish_reason=reason, metrics=out.metrics, lane=self.lane
+                )
         # A closed event loop means the server is gone and nobody is waiting.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
@@ -232,9 +242,30 @@ class Server:
         known = ", ".join(f"{k}={v}" for k, v in self.config.priority_classes.items())
         raise APIError(
             400,
-            f"unknown priority {text!r}: use a class ({known}) or 0..{self.config.max_priority}",
+            f"unknown priority {text!r}: use a class ({known}) or 0..{self.config.max_priority} "
+            f"(or, in the body, a lane: {' or '.join(LANES)})",
             param="priority",
         )
+
+    def route(self, request: Request, body_priority: p.Priority | None) -> tuple[Lane, int]:
+        """The request's lane and its priority within the lane. `"priority": "batch"` (or
+        `"online"`) in the body names the lane, `X-Wok-Lane` overrides it; `X-Wok-Priority`
+        picks the priority, never the lane (so a class named `batch` keeps its number there)."""
+        lane: Lane = "online"
+        if isinstance(body_priority, str) and body_priority.strip() in LANES:
+            lane = "batch" if body_priority.strip() == "batch" else "online"
+            if body_priority.strip() not in self.config.priority_classes:
+                body_priority = None  # a lane, not a class: the default priority within it
+        header = request.headers.get(LANE_HEADER)
+        if header is not None:
+            text = header.strip().lower()
+            if text not in LANES:
+                raise APIError(
+                    400,
+                    f"unknown lane {header!r} in X-Wok-Lane: use {' or '.join(LANES)}",
+                )
+            lane = "batch" if text == "batch" else "online"
+        return lane, self.priority(request, body_priority)
 
     def tenant(self, request: Request) -> str | None:
         tenant = request.headers.get(TENANT_HEADER)
@@ -297,11 +328,12 @@ class Server:
         priority: int,
         tenant: str | None,
         incremental: bool = True,
+        lane: Lane = "online",
     ) -> _Tracked:
         from wok_runtime.engine import InvalidRequestError, QueueFullError
 
         if self.state.draining:
-            self.metrics.reject(REJECT_DRAINING)
+            self.metrics.reject(REJECT_DRAINING, lane=lane)
             raise APIError(
                 503,
                 "the server is draining (shutting down); retry on another replica",
@@ -315,7 +347,7 @@ class Server:
                 type="service_unavailable",
                 code="loading",
             )
-        tracked = _Tracked(asyncio.get_running_loop(), self.metrics)
+        tracked = _Tracked(asyncio.get_running_loop(), self.metrics, lane)
         try:
             tracked.request_id = self.engine.add_request(
                 ids,
@@ -324,9 +356,10 @@ class Server:
                 priority=priority,
                 tenant=tenant,
                 incremental=incremental,
+                lane=lane,
             )
         except QueueFullError as error:
-            self.metrics.reject(REJECT_QUEUE_FULL)
+            self.metrics.reject(REJECT_QUEUE_FULL, lane=lane)
             retry = max(1, math.ceil(error.retry_after_s))
             raise APIError(
                 429,
@@ -595,7 +628,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         server.check_model(body.model)
         server.check_prompt(ids, max_tokens)
         params = server.sampling_params(body, max_tokens)
-        priority = server.priority(request, body.priority)
+        lane, priority = server.route(request, body.priority)
         tenant = server.tenant(request)
         server.state.in_flight += 1
         release = True
@@ -604,7 +637,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
             # A non-streamed answer without stop strings needs no token before the last.
             incremental = body.stream or bool(stops)
             tracked = server.submit(
-                ids, params, priority=priority, tenant=tenant, incremental=incremental
+                ids, params, priority=priority, tenant=tenant, incremental=incremental, lane=lane
             )
             server.watch_disconnect(tracked, request)
             text = IncrementalText(engine.tokenizer.decode, stops)
@@ -853,8 +886,9 @@ def _drain_then_exit(uv: Any, server: Server, drain_seconds: float) -> None:
     async def drain() -> None:
         deadline = time.monotonic() + drain_seconds
         while time.monotonic() < deadline:
-            stats = server.engine.stats()
-            if server.state.in_flight == 0 and stats.num_running == 0 and stats.num_waiting == 0:
+            s = server.engine.stats()
+            busy = s.num_running + s.num_waiting + s.batch_running + s.batch_waiting
+            if server.state.in_flight == 0 and busy == 0:
                 break
             await asyncio.sleep(0.05)
         else:
@@ -942,6 +976,9 @@ def serve_from_args(args: argparse.Namespace) -> int:
         tenant_kv_share=args.tenant_kv_share,
         max_model_len=args.max_model_len,
         stream_interval=args.stream_interval,
+        batch_max_queue=args.batch_queue_size,
+        batch_queue_timeout_s=args.batch_queue_timeout,
+        batch_lane_max_batch_size=args.batch_lane_max_batch_size,
     )
     priorities = tuple(sorted(set(classes.values())))
     # The collector reads the engine at scrape time; the engine reports steps to the collector.

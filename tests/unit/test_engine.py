@@ -345,3 +345,43 @@ def test_raising_the_cap_admits_at_the_next_step(runner: ModelRunner) -> None:
         engine.abort(f"r{i}")
     engine.step()
     assert len(got.final) == 8
+
+
+def test_the_batch_lane_on_the_real_model_loses_nothing_and_is_counted_apart(
+    runner: ModelRunner, small_runner: ModelRunner
+) -> None:
+    rng = random.Random(4)
+    reqs = [  # 7 × ~7 blocks of demand on a 24-block pool; the 3 online ones fit in it
+        (
+            [rng.randrange(1, 8000) for _ in range(rng.randint(20, 40))],
+            SamplingParams(max_tokens=rng.randint(60, 80), ignore_eos=True),
+        )
+        for _ in range(7)
+    ]
+    reference = drive(LLMEngine(runner, EngineConfig(max_batch_size=8)), reqs)
+    config = EngineConfig(max_batch_size=4, batch_max_queue=4, batch_lane_max_batch_size=4)
+    engine = LLMEngine(small_runner, config)  # (the default batch lane cap here: 3, KV-safe)
+    got = Collector()
+    got.expected = len(reqs)
+    for i, (prompt, params) in enumerate(reqs[:4]):
+        engine.add_request(prompt, params, on_output=got, request_id=f"r{i}", lane="batch")
+    with pytest.raises(QueueFullError, match="batch queue full"):
+        engine.add_request([1], SamplingParams(), on_output=got, lane="batch")
+    engine.step()  # the online lane is idle: the batch lane fills the pool
+    stats = engine.stats()
+    assert (stats.batch_running, stats.num_running, stats.kv_usage) == (4, 0, 0.0)
+    assert stats.batch_kv_blocks == stats.kv_blocks_used > 0
+    assert stats.batch_pending_tokens == sum(p.max_tokens for _, p in reqs[:4]) - 4
+    for i, (prompt, params) in enumerate(reqs[4:], start=4):
+        engine.add_request(prompt, params, on_output=got, request_id=f"r{i}")  # online
+    engine.step()  # each online arrival takes one slot under the cap back from the batch lane
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.batch_running) == (3, 0, 1)
+    assert stats.batch_preemptions_total == 3
+    while engine.step():
+        pass
+    assert got.tokens == reference and len(got.final) == len(reqs)
+    assert max(got.final[f"r{i}"].metrics.num_preemptions for i in range(4, 7)) == 0
+    assert sum(got.final[f"r{i}"].metrics.num_preemptions > 0 for i in range(4)) >= 3
+    with pytest.raises(InvalidRequestError, match="lane"):
+        engine.add_request([1], SamplingParams(), on_output=got, lane="bulk")  # type: ignore[arg-type]

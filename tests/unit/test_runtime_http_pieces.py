@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
+from starlette.requests import Request
 from test_bench_engine import REQUIRED_KEYS
 
 from wok_runtime import metrics as m
@@ -22,7 +24,7 @@ from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.engine import EngineStats, StepStats
 from wok_runtime.protocol import BatchingUpdate, ChatCompletionRequest, CompletionRequest
 from wok_runtime.sequence import RequestMetrics
-from wok_runtime.server import ServerConfig, parse_priority_classes
+from wok_runtime.server import APIError, Server, ServerConfig, parse_priority_classes
 
 # --- metric names ----------------------------------------------------------------------------
 
@@ -47,6 +49,15 @@ def test_metric_names_are_the_contract():
         "wok_rejected_requests": "counter",
         "wok_queue_length": "gauge",
         "wok_kv_cache_blocks": "gauge",
+        "wok_batch_lane_requests_waiting": "gauge",
+        "wok_batch_lane_requests_running": "gauge",
+        "wok_batch_lane_pending_tokens": "gauge",
+        "wok_batch_lane_kv_cache_blocks": "gauge",
+        "wok_batch_lane_generation_tokens": "counter",
+        "wok_batch_lane_request_success": "counter",
+        "wok_batch_lane_e2e_request_latency_seconds": "histogram",
+        "wok_batch_lane_rejected_requests": "counter",
+        "wok_batch_lane_preemptions": "counter",
     }
     assert m.series_names(m.METRICS[m.NUM_PREEMPTIONS]) == ("vllm:num_preemptions_total",)
     assert m.series_names(m.METRICS[m.BATCH_SIZE]) == (
@@ -140,6 +151,90 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     assert s['wok_batch_size_bucket{le="2.0",model_name="tiny"}'] == 0
     stats[0] = _stats(max_batch_size=2)
     assert _samples(metrics.render()[0].decode())['wok_max_batch_size{model_name="tiny"}'] == 2
+
+
+def test_the_batch_lane_never_shows_in_the_vllm_series():
+    """The operator sums the vLLM series (and wok_rejected_requests) to scale for the online
+    lane: batch work has its own wok_batch_lane_* series and leaves those untouched."""
+    stats = _stats(
+        num_waiting=0,
+        num_running=1,
+        batch_waiting=40,
+        batch_running=7,
+        batch_kv_blocks=3,
+        batch_preemptions_total=9,
+        batch_pending_tokens=1234,
+    )
+    metrics = m.RuntimeMetrics("tiny", lambda: stats, priorities=(0, 1, 2))
+    timing = RequestMetrics(
+        arrival_time=10.0,
+        first_scheduled_time=10.5,
+        first_token_time=11.0,
+        last_token_time=14.0,
+        finished_time=14.0,
+        num_prompt_tokens=4,
+        num_output_tokens=5,
+        num_preemptions=2,
+    )
+    metrics.observe_tokens(1, None, lane="batch")
+    metrics.observe_tokens(4, 3.0, lane="batch")
+    metrics.observe_finished(finish_reason="length", metrics=timing, lane="batch")
+    metrics.reject(m.REJECT_QUEUE_FULL, lane="batch")
+    s = _samples(metrics.render()[0].decode())
+    model = '{model_name="tiny"}'
+    untouched = [
+        "vllm:generation_tokens_total",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:prompt_tokens_total",
+        'vllm:request_success_total{finished_reason="length",model_name="tiny"}',
+        'wok_rejected_requests_total{model_name="tiny",reason="queue_full"}',
+    ]
+    assert [s[k if "{" in k else k + model] for k in untouched] == [0] * len(untouched)
+    assert (s[f"vllm:num_requests_waiting{model}"], s[f"vllm:num_requests_running{model}"]) == (
+        0,
+        1,
+    )
+    batch = {
+        "wok_batch_lane_requests_waiting": 40,
+        "wok_batch_lane_requests_running": 7,
+        "wok_batch_lane_pending_tokens": 1234,
+        "wok_batch_lane_kv_cache_blocks": 3,
+        "wok_batch_lane_preemptions_total": 9,
+        "wok_batch_lane_generation_tokens_total": 5,
+        "wok_batch_lane_e2e_request_latency_seconds_sum": 4.0,
+        'wok_batch_lane_request_success_total{finished_reason="length",model_name="tiny"}': 1,
+        'wok_batch_lane_rejected_requests_total{model_name="tiny",reason="queue_full"}': 1,
+    }
+    assert {k: s[k if "{" in k else k + model] for k in batch} == batch
+
+
+def _request(headers: dict[str, str]) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": raw})
+
+
+def test_the_lane_comes_from_the_body_or_the_lane_header_never_the_priority_header():
+    engine = SimpleNamespace(vocab_size=10, stats=lambda: _stats())
+    config = ServerConfig(served_model_name="m")
+    server = Server(engine, config, m.RuntimeMetrics("m", engine.stats))
+    assert server.route(_request({}), None) == ("online", 1)
+    assert server.route(_request({}), "batch") == ("batch", 2)  # the class keeps its number
+    assert server.route(_request({}), "online") == ("online", 1)
+    assert server.route(_request({}), 2) == ("online", 2)
+    assert server.route(_request({"X-Wok-Lane": "batch"}), None) == ("batch", 1)
+    assert server.route(_request({"X-Wok-Lane": "Online"}), "batch") == ("online", 2)
+    assert server.route(_request({"X-Wok-Priority": "batch"}), None) == ("online", 2)
+    assert server.route(_request({"X-Wok-Priority": "0"}), "batch") == ("batch", 0)
+    classes = ServerConfig(served_model_name="m", priority_classes={"high": 0, "low": 5})
+    server = Server(engine, classes, m.RuntimeMetrics("m", engine.stats))
+    assert server.route(_request({}), "batch") == ("batch", 1)  # not a class: the default
+    with pytest.raises(APIError, match="X-Wok-Lane: use online or batch") as caught:
+        server.route(_request({"X-Wok-Lane": "offline"}), None)
+    assert caught.value.status == 400
+    with pytest.raises(APIError, match="a lane: online or batch"):
+        server.route(_request({}), "bulk")
 
 
 # --- stop strings ----------------------------------------------------------------------------

@@ -9,13 +9,14 @@ recomputes a preempted sequence wrongly, therefore changes the outputs, and thes
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import pytest
 
 from wok_runtime.block_manager import BlockManager
-from wok_runtime.request_queue import RequestQueue
+from wok_runtime.request_queue import QueueFullError, RequestQueue
 from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.scheduler import Scheduler, SchedulerOutput
+from wok_runtime.scheduler import ONLINE_HEADROOM_SLOTS, Scheduler, SchedulerOutput
 from wok_runtime.sequence import Sequence, SequenceStatus
 
 VOCAB = 97
@@ -60,6 +61,9 @@ def make_scheduler(
     max_wait_ms: int = 0,
     share: float = 1.0,
     aging_s: float = 0.0,
+    batch_queue_size: int = 1000,
+    batch_max: int | None = None,
+    grace_s: float = 0.05,
 ) -> Scheduler:
     return Scheduler(
         mode=mode,  # type: ignore[arg-type]
@@ -69,6 +73,9 @@ def make_scheduler(
         max_model_len=max_model_len,
         block_manager=BlockManager(num_blocks, block_size, tenant_kv_share=share),
         queue=RequestQueue(max_size=1000, aging_s=aging_s),
+        batch_queue=RequestQueue(max_size=batch_queue_size, aging_s=aging_s, name="batch queue"),
+        batch_lane_max_batch_size=batch_max,
+        online_idle_grace_s=grace_s,
         eos_token_id=EOS,
     )
 
@@ -285,3 +292,197 @@ def test_the_pure_modules_never_import_torch() -> None:
     code = "; ".join(f"import wok_runtime.{m}" for m in modules.split())
     code += "; import sys; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- the batch lane ----------------------------------------------------------------------------
+
+
+def lane_requests(n: int, seed: int, batch_every: int = 2, **kw) -> list[dict]:
+    """`make_requests`, every `batch_every`-th one in the batch lane."""
+    reqs = make_requests(n, seed=seed, **kw)
+    for i, r in enumerate(reqs):
+        r["lane"] = "batch" if i % batch_every == 0 else "online"
+    return reqs
+
+
+@dataclass
+class LaneStep:
+    now: float
+    online_waiting: int  # after the step's admissions
+    admitted: list[Sequence]
+    preempted: list[Sequence]
+    scheduled: list[Sequence]
+    running: list[Sequence]
+
+
+def drive(
+    sched: Scheduler, arrivals: list[tuple[float, Sequence]], max_steps: int = 20_000
+) -> list[LaneStep]:
+    """Steps every 10 ms, adding each sequence at its time; checks the invariants each step."""
+    bm = sched.block_manager
+    model = FakePagedModel(bm.num_blocks, bm.block_size)
+    pending = sorted(arrivals, key=lambda a: a[0])
+    steps: list[LaneStep] = []
+    now = 0.0
+    for _ in range(max_steps):
+        while pending and pending[0][0] <= now:
+            sched.add(pending.pop(0)[1], now)
+        if not pending and not sched.has_work():
+            return steps
+        before = set(sched.running)
+        out = sched.schedule(now)
+        bm.check_invariants()
+        scheduled = [i.seq for i in out.scheduled]
+        # Online work is preempted only once no batch sequence is left to take from.
+        if any(not s.is_batch for s in out.preempted):
+            assert not any(s.is_batch for s in scheduled), now
+        steps.append(
+            LaneStep(
+                now=now,
+                online_waiting=len(sched.queue),
+                admitted=[s for s in sched.running if s not in before],
+                preempted=list(out.preempted),
+                scheduled=scheduled,
+                running=list(sched.running),
+            )
+        )
+        sched.postprocess(out, model.step(out), now)
+        now = round(now + 0.01, 6)
+    pytest.fail("the scheduler did not finish")
+
+
+def sequences(requests: list[dict], spacing: float = 0.0) -> list[tuple[float, Sequence]]:
+    return [(i * spacing, Sequence(arrival_time=i * spacing, **r)) for i, r in enumerate(requests)]
+
+
+def test_online_requests_are_scheduled_before_batch_ones_that_came_first() -> None:
+    sched = make_scheduler(max_batch_size=2)
+    p = SamplingParams(max_tokens=3, ignore_eos=True)
+    for i in range(3):
+        sched.add(Sequence(f"b{i}", [1, 2], p, arrival_time=0.0, lane="batch"), now=0.0)
+    sched.add(Sequence("o0", [1, 2], p, arrival_time=0.1, priority=2), now=0.1)
+    sched.add(Sequence("o1", [1, 2], p, arrival_time=0.2, priority=2), now=0.2)
+    out = sched.schedule(0.2)
+    assert [i.seq.request_id for i in out.scheduled] == ["o0", "o1"]
+    assert len(sched.batch_queue) == 3
+    for seq in [*sched.running, *sched.waiting(0.2)]:
+        sched.finish(seq, "abort", 0.2)
+
+
+def test_batch_is_never_admitted_while_online_waits_nor_online_preempted_for_it() -> None:
+    requests = lane_requests(60, seed=5, batch_every=2, max_prompt=12, max_out=24)
+    sched = make_scheduler(max_batch_size=4, num_blocks=20, max_model_len=40)
+    seqs = sequences(requests, spacing=0.015)
+    steps = drive(sched, seqs)  # checks that online is preempted only with no batch left
+    for step in steps:
+        if step.online_waiting:
+            assert not any(s.is_batch for s in step.admitted), step.now
+        # With online work about, batch only fills the slots below the online cap.
+        if any(not s.is_batch for s in step.running):
+            assert len(step.running) <= sched.max_batch_size or not any(
+                s.is_batch for s in step.admitted
+            )
+    assert sched.preemptions["batch"] > 0
+    assert all(s.finish_reason == "length" for _, s in seqs)
+
+
+def test_batch_is_preempted_first_and_resumes_with_the_same_output() -> None:
+    requests = lane_requests(24, seed=7, batch_every=3, max_prompt=12, max_out=30)
+    roomy = run(make_scheduler(num_blocks=512, max_model_len=48), requests)
+    tight = make_scheduler(num_blocks=16, max_model_len=48)  # 12 blocks: one full sequence
+    seqs = sequences(requests, spacing=0.02)
+    drive(tight, seqs)
+    assert {s.request_id: s.output_token_ids for _, s in seqs} == roomy
+    assert tight.preemptions["batch"] > 0
+    assert all(len(s.output_token_ids) == s.params.max_tokens for _, s in seqs)
+
+
+def test_online_never_evicted_by_batch_even_when_the_pool_is_short() -> None:
+    sched = make_scheduler(num_blocks=12, block_size=4, max_model_len=40, max_batch_size=4)
+    p = SamplingParams(max_tokens=30, ignore_eos=True)
+    online = Sequence("online", [1] * 8, p, arrival_time=1.0)
+    batch = [Sequence(f"b{i}", [1] * 4, p, arrival_time=0.0, lane="batch") for i in range(3)]
+    steps = drive(sched, [(0.0, b) for b in batch] + [(0.1, online)])
+    assert online.num_preemptions == 0
+    assert sum(b.num_preemptions for b in batch) > 0
+    assert any(s.preempted for s in steps)
+
+
+def test_online_arrivals_take_the_headroom_then_preempt_only_what_they_need() -> None:
+    sched = make_scheduler(max_batch_size=4, num_blocks=64, grace_s=10.0)
+    p = SamplingParams(max_tokens=40, ignore_eos=True)
+    sched.add(Sequence("o0", [1, 2], p, arrival_time=0.0), now=0.0)
+    for i in range(6):
+        sched.add(Sequence(f"b{i}", [1, 2], p, arrival_time=0.0, lane="batch"), now=0.0)
+    model = FakePagedModel(64, 4)
+    out = sched.schedule(0.0)
+    sched.postprocess(out, model.step(out), 0.0)
+    # The free slots under the online cap, less one kept for the next online arrival.
+    assert sum(s.is_batch for s in sched.running) == 4 - 1 - ONLINE_HEADROOM_SLOTS
+    late = [Sequence(f"o{i}", [1, 2], p, arrival_time=0.01) for i in (1, 2)]
+    sched.add(late[0], now=0.01)
+    out = sched.schedule(0.01)
+    assert not out.preempted and late[0] in sched.running  # the headroom slot
+    sched.postprocess(out, model.step(out), 0.01)
+    sched.add(late[1], now=0.02)
+    out = sched.schedule(0.02)
+    assert len(out.preempted) == 1 and out.preempted[0].is_batch  # one slot, one victim
+    assert late[1] in sched.running and len(sched.running) == 4
+    for seq in [*sched.running, *sched.waiting(0.02)]:
+        sched.finish(seq, "abort", 0.02)
+
+
+def test_a_full_batch_queue_refuses_only_batch_work() -> None:
+    sched = make_scheduler(batch_queue_size=2)
+    p = SamplingParams(max_tokens=2)
+    for i in range(2):
+        sched.add(Sequence(f"b{i}", [1], p, arrival_time=0.0, lane="batch"), now=0.0)
+    with pytest.raises(QueueFullError, match="batch queue full") as caught:
+        sched.add(Sequence("b2", [1], p, arrival_time=0.0, lane="batch"), now=0.0)
+    assert caught.value.retry_after_s > 0
+    for i in range(10):  # the online queue has a bound of its own
+        sched.add(Sequence(f"o{i}", [1], p, arrival_time=0.0), now=0.0)
+    assert len(sched.queue) == 10 and len(sched.batch_queue) == 2
+
+
+def test_the_batch_lane_grows_past_the_online_cap_only_when_online_is_idle() -> None:
+    sched = make_scheduler(max_batch_size=2, batch_max=6, num_blocks=128, grace_s=0.05)
+    p = SamplingParams(max_tokens=60, ignore_eos=True)
+    batch = [Sequence(f"b{i}", [1, 2], p, arrival_time=0.0, lane="batch") for i in range(10)]
+    online = Sequence("o", [1, 2], SamplingParams(max_tokens=5, ignore_eos=True), 0.2)
+    steps = drive(sched, [(0.0, b) for b in batch] + [(0.2, online)])
+    by_time = {s.now: s for s in steps}
+    assert len(by_time[0.0].running) == 6  # idle from the start: the batch lane's own cap
+    arrival = by_time[0.2]
+    assert online in arrival.running and len(arrival.running) == 2  # back under the online cap
+    assert len(arrival.preempted) == 5
+    # The online request runs 5 steps; then the grace (50 ms) before the lane grows again.
+    assert max(len(by_time[t].running) for t in (0.25, 0.26, 0.27)) <= 2
+    assert any(len(s.running) == 6 for s in steps if s.now > 0.3)
+    assert online.num_preemptions == 0
+
+
+def test_all_modes_give_the_same_outputs_with_both_lanes() -> None:
+    requests = lane_requests(16, seed=11)
+    outputs = {
+        mode: run(make_scheduler(mode=mode, max_batch_size=5), requests)
+        for mode in ("continuous", "static", "serial")
+    }
+    assert outputs["continuous"] == outputs["static"] == outputs["serial"]
+
+
+def test_an_idle_engine_wakes_when_the_online_grace_opens_the_batch_lane() -> None:
+    # With a cap of 1 the headroom leaves the batch lane no slot while online work is recent.
+    sched = make_scheduler(max_batch_size=1, grace_s=0.5)
+    model = FakePagedModel(64, 4)
+    online = Sequence("o", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.0)
+    sched.add(online, now=0.0)
+    out = sched.schedule(0.0)
+    sched.postprocess(out, model.step(out), 0.0)
+    batch = Sequence("b", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.1, lane="batch")
+    sched.add(batch, now=0.1)
+    assert sched.schedule(0.1).is_empty
+    assert sched.next_wakeup(0.1) == pytest.approx(0.5)
+    out = sched.schedule(0.5)
+    assert [i.seq for i in out.scheduled] == [batch]
+    sched.postprocess(out, model.step(out), 0.5)
