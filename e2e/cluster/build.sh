@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries of wok's test cluster from the Go module proxy:
 #   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd, kwok, helm,
-#   and prometheus (Debian's package is built without Kubernetes service discovery).
+#   prometheus (Debian's package is built without Kubernetes service discovery), and KEDA's
+#   operator and metrics adapter (with the release's config/: CRDs, RBAC, into keda-config/).
 # Each tool is a tiny Go module under e2e/cluster/go/<name>/ whose committed go.mod and go.sum pin
 # every dependency, so a build is reproducible. Binaries land in ~/.cache/wok/bin/<k8s version>/.
 # A second run only hashes the modules and returns (seconds): a tool is rebuilt only when its
@@ -30,6 +31,8 @@ tools=(
   "kwok kwok sigs.k8s.io/kwok/cmd/kwok"
   "helm helm helm.sh/helm/v3/cmd/helm"
   "prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus"
+  "keda keda-operator github.com/kedacore/keda/v2/cmd/operator"
+  "keda keda-adapter github.com/kedacore/keda/v2/cmd/adapter"
 )
 
 # Version stamps the upstream release builds set with -X (hack/lib/version.sh); without them the
@@ -51,6 +54,11 @@ x_flags() {
       v="$(module_version prometheus github.com/prometheus/prometheus)"
       v="${v#v0.}"
       echo "-X github.com/prometheus/common/version.Version=${v:0:1}.$((10#${v:1:2})).${v#*.}"
+      ;;
+    keda)
+      local v
+      v="$(module_version keda github.com/kedacore/keda/v2)"
+      echo "-X github.com/kedacore/keda/v2/version.Version=${v#v}"
       ;;
     *) echo "" ;;
   esac
@@ -87,6 +95,7 @@ exec 9>"$bin_dir/.lock"
 flock 9
 start_all=$SECONDS
 built=()
+failed=()
 echo "[wok build] Go $("$go_bin" env GOVERSION), binaries in $bin_dir"
 for entry in "${tools[@]}"; do
   read -r mod name pkg <<<"$entry"
@@ -98,8 +107,14 @@ for entry in "${tools[@]}"; do
   fi
   echo "[wok build] $name: building $pkg ..."
   t0=$SECONDS
-  (cd "$mods/$mod" &&
-    "$go_bin" build -trimpath -tags="$(build_tags "$mod")" -ldflags="-s -w $(x_flags "$mod")" -o "$bin_dir/$name.tmp" "$pkg")
+  # a failed tool does not stop the others (nor their stamps): KEDA, built last, is only needed
+  # by its own tests; the run still fails at the end and names it
+  if ! (cd "$mods/$mod" &&
+    "$go_bin" build -trimpath -tags="$(build_tags "$mod")" -ldflags="-s -w $(x_flags "$mod")" -o "$bin_dir/$name.tmp" "$pkg"); then
+    failed+=("$name")
+    echo "[wok build] $name: FAILED after $((SECONDS - t0))s" >&2
+    continue
+  fi
   mv -f "$bin_dir/$name.tmp" "$bin_dir/$name"
   built+=("$mod $name")
   echo "[wok build] $name: built in $((SECONDS - t0))s"
@@ -109,4 +124,25 @@ for entry in "${built[@]}"; do
   read -r mod name <<<"$entry"
   module_hash "$mod" >"$bin_dir/.$name.stamp"
 done
+
+# KEDA's CRDs and RBAC manifests come from the release its binaries were built from: its config/
+# is copied out of the module cache next to the binaries, so a run needs neither Go nor the cache.
+keda_version="$(module_version keda github.com/kedacore/keda/v2)"
+keda_config="$bin_dir/keda-config"
+if [[ "$(cat "$keda_config/.version" 2>/dev/null)" != "$keda_version" ]]; then
+  if keda_dir="$(cd "$mods/keda" && "$go_bin" mod download github.com/kedacore/keda/v2 &&
+    "$go_bin" list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)"; then
+    rm -rf "$keda_config" "$keda_config.tmp"
+    cp -r --no-preserve=mode "$keda_dir/config" "$keda_config.tmp"
+    echo "$keda_version" >"$keda_config.tmp/.version"
+    mv "$keda_config.tmp" "$keda_config"
+    echo "[wok build] keda-config: KEDA $keda_version's config/ (CRDs, RBAC)"
+  else
+    failed+=("keda-config")
+  fi
+fi
+if ((${#failed[@]})); then
+  echo "[wok build] FAILED: ${failed[*]} (the others are built)" >&2
+  exit 1
+fi
 echo "[wok build] done in $((SECONDS - start_all))s"

@@ -19,7 +19,7 @@ from wok_cluster.binaries import Binaries
 from wok_cluster.kubeapi import KubeApi
 from wok_cluster.kubeconfig import write_kubeconfig
 from wok_cluster.netutil import free_port
-from wok_cluster.pki import Pki, make_pki
+from wok_cluster.pki import FRONT_PROXY_CLIENT, Pki, make_pki
 from wok_cluster.process import Supervisor
 from wok_cluster.waiting import wait_until
 
@@ -162,13 +162,21 @@ class ControlPlane:
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             f"--token-auth-file={tokens}",
-            # the front-proxy settings kubeadm uses; without them every component that
-            # delegates authentication logs a missing requestheader CA (no such proxy exists)
-            f"--requestheader-client-ca-file={pki.ca_cert}",
-            "--requestheader-allowed-names=front-proxy-client",
+            # the aggregation layer, set up as kubeadm does: the apiserver proxies
+            # /apis/<group> of an APIService to its extension apiserver (KEDA's metrics
+            # adapter) with a front-proxy client certificate and X-Remote-* identity headers,
+            # which the extension trusts because the front-proxy CA is published in
+            # kube-system/extension-apiserver-authentication
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
             "--requestheader-username-headers=X-Remote-User",
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
+            # dial an APIService's endpoint (EndpointSlice), not its ClusterIP: no ClusterIP is
+            # routed here (see docs/cluster.md, "The network")
+            "--enable-aggregator-routing=true",
             "--authorization-mode=Node,RBAC",
             f"--service-account-issuer={SA_ISSUER}",
             f"--service-account-key-file={pki.sa_pub}",

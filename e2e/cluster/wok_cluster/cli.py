@@ -18,6 +18,11 @@ def register(commands: Any) -> None:
     up = sub.add_parser("up", help="start etcd, apiserver, controllers, KWOK nodes, Prometheus")
     up.add_argument("--nodes", type=int, default=2, help="emulated GPU nodes (default 2)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node")
+    up.add_argument(
+        "--keda",
+        action="store_true",
+        help="also KEDA's operator and metrics adapter (external.metrics.k8s.io)",
+    )
     up.set_defaults(func=_up)
     sub.add_parser("down", help="stop everything `up` started").set_defaults(func=_down)
     sub.add_parser("status", help="what is running").set_defaults(func=_status)
@@ -37,7 +42,9 @@ def _up(args: argparse.Namespace) -> int:
     from wok_cluster.devenv import DevEnvironment
 
     try:
-        state = DevEnvironment().up(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+        state = DevEnvironment().up(
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, keda=args.keda
+        )
     except RuntimeError as error:
         print(f"wok dev up: {error}", file=sys.stderr)
         return 1
@@ -47,6 +54,11 @@ def _up(args: argparse.Namespace) -> int:
         f"nodes {', '.join(state['nodes'])}; Prometheus {state['prometheus']}",
         file=sys.stderr,
     )
+    if state["keda"]:
+        print(
+            f"# KEDA {state['keda']['version']}: adapter on {state['keda']['address']}",
+            file=sys.stderr,
+        )
     print(f"export KUBECONFIG={state['kubeconfig']}")
     return 0
 

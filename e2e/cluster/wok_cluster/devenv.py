@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from wok_cluster.backer import kill_leftover_pods
-from wok_cluster.binaries import cache_dir, ensure_built
+from wok_cluster.binaries import BUILT, KEDA, cache_dir, ensure_built
+from wok_cluster.netutil import release_host_address
 from wok_cluster.process import ProcessRecord, Supervisor, is_ours
 
 
@@ -42,25 +43,31 @@ class DevEnvironment:
     def is_up(self) -> bool:
         return any(is_ours(r) for r in self.records())
 
-    def up(self, *, nodes: int, gpus_per_node: int) -> dict[str, Any]:
+    def up(self, *, nodes: int, gpus_per_node: int, keda: bool = False) -> dict[str, Any]:
         from wok_cluster.apiserver import ControlPlane
         from wok_cluster.cluster import Cluster
+        from wok_cluster.keda import Keda
         from wok_cluster.prometheus import Prometheus
 
         if self.is_up():
             raise RuntimeError(f"already up (state {self.state_file}); run `wok dev down` first")
         self.down()  # clears what a crashed run left behind
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        binaries = ensure_built()
+        binaries = ensure_built(BUILT + KEDA) if keda else ensure_built()
         started = time.monotonic()
         control_plane = ControlPlane(self.run_dir, binaries)
         cluster = Cluster(control_plane, nodes=nodes, gpus_per_node=gpus_per_node)
         prometheus = Prometheus(control_plane, self.run_dir / "prometheus")
-        parts: list[Any] = [control_plane, cluster, prometheus]
+        autoscaler = Keda(control_plane, self.run_dir / "keda") if keda else None
+        parts: list[Any] = [
+            control_plane,
+            cluster,
+            prometheus,
+            *([autoscaler] if autoscaler else []),
+        ]
         try:
-            control_plane.start()
-            cluster.start()
-            prometheus.start()
+            for part in parts:
+                part.start()
         except BaseException:
             for part in reversed(parts):
                 part.stop()
@@ -75,7 +82,10 @@ class DevEnvironment:
             "seconds": {
                 "apiserver_ready": round(control_plane.ready_seconds or 0, 1),
                 "cluster_ready": round(time.monotonic() - started, 1),
+                **({"keda_ready": round(autoscaler.ready_seconds or 0, 1)} if autoscaler else {}),
             },
+            # KEDA's address on `lo`, which `down` removes
+            "keda": autoscaler and {"version": autoscaler.version, "address": autoscaler.address},
             "processes": [
                 asdict(r)
                 for part in parts
@@ -96,6 +106,8 @@ class DevEnvironment:
         alive = [r.name for r in records if is_ours(r)]
         supervisor.stop_all()
         kill_leftover_pods(Path(state["backer_dir"]))
+        if state.get("keda"):
+            release_host_address(state["keda"]["address"])
         self.state_file.unlink(missing_ok=True)
         return alive
 

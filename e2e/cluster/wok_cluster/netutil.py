@@ -1,10 +1,12 @@
-"""Loopback-only networking helpers: traffic may go to 127.0.0.0/8 and nowhere else."""
+"""Loopback-only networking helpers: traffic may go to 127.0.0.0/8 and nowhere else (and to the
+harness's own addresses on `lo`, see HOST_LOCAL_NETWORK)."""
 
 from __future__ import annotations
 
 import ipaddress
 import random
 import socket
+import subprocess
 from pathlib import Path
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -58,3 +60,53 @@ def pick_pod_octet() -> int:
     if not choices:
         raise RuntimeError("no free 127.X.0.0/16 pod network")
     return random.choice(choices)
+
+
+# A private network for servers the apiserver must reach through an EndpointSlice, which refuses
+# loopback addresses (KEDA's metrics adapter behind its APIService). Its addresses are put on `lo`
+# one at a time (/32), so they are local to this machine like 127/8: nothing routes them anywhere
+# else. Outside the Service CIDR (10.96.0.0/16), so no ClusterIP can ever equal one.
+HOST_LOCAL_NETWORK = ipaddress.ip_network("10.255.0.0/16")
+# `ip addr` shows the harness's addresses under this label (leftovers of a killed run included)
+HOST_LOCAL_LABEL = "lo:wok"
+
+
+def _host_addresses() -> set[str]:
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split()[3].split("/")[0] for line in out.splitlines()}
+
+
+def claim_host_address() -> str:
+    """Adds a free address of HOST_LOCAL_NETWORK to `lo` and returns it (needs CAP_NET_ADMIN).
+
+    Random, skipping addresses already on the machine; `ip addr add` refuses one that another run
+    took in the meantime, so two runs never share an address. `release_host_address` removes it.
+    """
+    used = _host_addresses()
+    hosts = list(HOST_LOCAL_NETWORK.hosts())
+    for _ in range(20):
+        candidate = str(random.choice(hosts))
+        if candidate in used:
+            continue
+        result = subprocess.run(
+            ["ip", "addr", "add", f"{candidate}/32", "dev", "lo", "label", HOST_LOCAL_LABEL],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode == 0:
+            return candidate
+        if "File exists" not in result.stderr:
+            raise RuntimeError(f"cannot add {candidate}/32 to lo: {result.stderr.strip()}")
+    raise RuntimeError(f"no free address in {HOST_LOCAL_NETWORK} after 20 tries")
+
+
+def release_host_address(address: str) -> None:
+    """Removes an address `claim_host_address` added (already gone: nothing to do)."""
+    if ipaddress.ip_address(address) not in HOST_LOCAL_NETWORK:
+        raise ValueError(f"{address} is not one of the harness's host addresses")
+    subprocess.run(
+        ["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True, check=False
+    )

@@ -10,6 +10,8 @@ these fixtures (a module-level registry shares the running objects). Missing bin
     wok_cluster     Cluster on top of it: controller-manager, scheduler, KWOK GPU nodes
                     (.node_names), pod backer (label pods wok.dev/backed=true)
     wok_prometheus  Prometheus scraping backed pods via kubernetes_sd: .url, .query(), .targets()
+    wok_keda        Keda: KEDA's operator and metrics adapter (the external.metrics.k8s.io
+                    APIService, Available), the release's CRDs and RBAC applied
     wok_kubeconfig  the admin kubeconfig Path
     wok_namespace   a fresh namespace per test (deleted afterwards)
 """
@@ -24,8 +26,9 @@ from typing import Any, Protocol, TypeVar
 import pytest
 
 from wok_cluster.apiserver import ControlPlane
-from wok_cluster.binaries import Binaries, ensure_built, missing
+from wok_cluster.binaries import BUILT, KEDA, Binaries, ensure_built, missing
 from wok_cluster.cluster import Cluster
+from wok_cluster.keda import Keda
 from wok_cluster.kubeapi import KubeError
 from wok_cluster.process import processes_marked
 from wok_cluster.prometheus import Prometheus
@@ -35,6 +38,7 @@ __all__ = [
     "wok_apiserver",
     "wok_binaries",
     "wok_cluster",
+    "wok_keda",
     "wok_kubeconfig",
     "wok_namespace",
     "wok_prometheus",
@@ -71,8 +75,10 @@ def _once(key: str, make: Callable[[], T], stop: Callable[[T], None]) -> Iterato
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Builds missing binaries before any test runs: a cold build takes far longer than the
     per-test timeout, which would otherwise kill the first fixture that needs them."""
-    if missing() and any("wok_binaries" in item.fixturenames for item in session.items):
-        ensure_built()
+    used = {name for item in session.items for name in item.fixturenames}
+    wanted = BUILT + KEDA if "wok_keda" in used else BUILT
+    if "wok_binaries" in used and missing(wanted):
+        ensure_built(wanted, required=BUILT)
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +112,15 @@ def wok_prometheus(wok_apiserver: ControlPlane) -> Iterator[Prometheus]:
         return Prometheus(wok_apiserver, wok_apiserver.run_dir / "prometheus")
 
     yield from _once("prometheus", make, Prometheus.stop)
+
+
+@pytest.fixture(scope="session")
+def wok_keda(wok_apiserver: ControlPlane) -> Iterator[Keda]:
+    def make() -> Keda:
+        ensure_built(KEDA)
+        return Keda(wok_apiserver, wok_apiserver.run_dir / "keda")
+
+    yield from _once("keda", make, Keda.stop)
 
 
 @pytest.fixture(scope="session")
