@@ -11,11 +11,18 @@ the simulated accelerator. The engine itself never imports torch, so a simulated
 
 Robustness is per request: a bad request is refused at `add_request` (InvalidRequestError), a
 row of non-finite logits fails only its request, and an exception in a whole step is retried per
-sequence to find the culprit (sampled_step.py), so one request can never stop the loop.
+sequence to find the culprit (sampled_step.py), so one request can never stop the loop. An
+exception in post-processing fails that step's requests and the loop goes on; one anywhere else in
+an iteration (housekeeping, scheduling, or the clean-up after a failed post-processing) leaves the
+scheduler's state unknown, so the engine stops: every request in flight ends with "error" and the
+message, new ones are refused (EngineDeadError), and `failure` says why (the server's /healthz
+turns 503 on it, so the kubelet restarts the pod). Never a thread that dies and leaves callers
+waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,6 +42,7 @@ from wok_runtime.step import StepExecutor, StepTokens
 __all__ = [
     "BatchingParams",
     "EngineConfig",
+    "EngineDeadError",
     "EngineStats",
     "InvalidRequestError",
     "LLMEngine",
@@ -50,6 +58,10 @@ log = logging.getLogger(__name__)
 
 class InvalidRequestError(ValueError):
     """The request can never run (empty prompt, too long, bad token ids): refused, not queued."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an internal error (`LLMEngine.failure`): nothing more runs."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,8 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._completed_total = 0
         self.loop_iterations = 0  # for the no-spin test
+        # Why the loop stopped on an internal error (None while it runs): a restart is needed.
+        self.failure: str | None = None
 
     # --- public API (thread-safe) -------------------------------------------------------------
 
@@ -226,6 +240,8 @@ class LLMEngine:
         request_id = request_id or uuid.uuid4().hex
         with self._wake:
             now = self._clock()
+            if self.failure is not None:
+                raise EngineDeadError(self.failure)
             if not self._accepting:
                 raise QueueFullError("the engine is shutting down", self.config.queue_timeout_s)
             if request_id in self._callbacks:
@@ -340,13 +356,57 @@ class LLMEngine:
         `start()` the thread. Returns True when a model step ran."""
         if self._thread is not None:
             raise RuntimeError("step() drives an engine whose thread is not started")
-        ran, _ = self._iteration(block=False)
+        if self.failure is not None:
+            return False
+        ran, _ = self._guarded_iteration(block=False)
         return ran
 
     def _loop(self) -> None:
         done = False
         while not done:
-            _, done = self._iteration(block=True)
+            _, done = self._guarded_iteration(block=True)
+
+    def _guarded_iteration(self, *, block: bool) -> tuple[bool, bool]:
+        try:
+            return self._iteration(block=block)
+        except Exception as error:
+            log.exception("the engine loop cannot continue")
+            self._fail(f"the engine stopped on an internal error: {error!r}")
+            return False, True
+
+    def _fail(self, message: str) -> None:
+        """Ends every request in flight with "error" and `message` and refuses new ones. Frees
+        what it can, but trusts the scheduler's state no further than that."""
+        with self._lock:
+            self.failure = message
+            self._accepting = False
+            callbacks, self._callbacks = self._callbacks, {}
+            self._final_only.clear()
+            now = self._clock()
+            outputs = [
+                (
+                    callback,
+                    RequestOutput(
+                        request_id=request_id,
+                        new_token_ids=[],
+                        finished=True,
+                        finish_reason="error",
+                        error=message,
+                        metrics=self._release_failed(request_id, message, now),
+                    ),
+                )
+                for request_id, callback in callbacks.items()
+            ]
+        self._emit(outputs)
+
+    def _release_failed(self, request_id: str, message: str, now: float) -> RequestMetrics:
+        """Best effort on a broken scheduler: frees the request's blocks, returns its metrics."""
+        with contextlib.suppress(Exception):
+            seq = self.scheduler.get(request_id)
+            if seq is not None:
+                self.scheduler.finish(seq, "error", now, error=message)
+                return seq.metrics()
+        return RequestMetrics(now, None, None, None, now, 0, 0, 0)
 
     def _iteration(self, *, block: bool) -> tuple[bool, bool]:
         """Housekeeping, scheduling and (outside the lock) one model step. Returns (ran a step,
@@ -406,9 +466,17 @@ class LLMEngine:
         failed, sampled = result.failed, result.sampled
         with self._lock:
             done_at = self._clock()
-            for seq, reason in failed.items():
-                self.scheduler.finish(seq, "error", done_at, error=reason)
-            advanced = self.scheduler.postprocess(batch, sampled, done_at)
+            try:
+                for seq, reason in failed.items():
+                    self.scheduler.finish(seq, "error", done_at, error=reason)
+                advanced = self.scheduler.postprocess(batch, sampled, done_at)
+            except Exception as error:  # fails this step's requests; the loop goes on
+                log.exception("post-processing a step of %d sequences failed", len(batch.scheduled))
+                failure = f"the engine failed to post-process a step: {error!r}"
+                failed = {item.seq: failure for item in batch.scheduled}
+                for seq in failed:  # raises on a broken scheduler: the loop stops (_fail)
+                    self.scheduler.finish(seq, "error", done_at, error=failure)
+                advanced = []
             touched = list(dict.fromkeys([*advanced, *failed]))
             outputs = self._outputs_for(touched)
             stats = StepStats(

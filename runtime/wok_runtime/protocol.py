@@ -243,4 +243,5 @@ class BatchingState(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: str  # alive | ready | starting | draining | failed
+    detail: str | None = Field(default=None, description="why, when the engine has failed")

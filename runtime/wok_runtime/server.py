@@ -330,7 +330,7 @@ class Server:
         incremental: bool = True,
         lane: Lane = "online",
     ) -> _Tracked:
-        from wok_runtime.engine import InvalidRequestError, QueueFullError
+        from wok_runtime.engine import EngineDeadError, InvalidRequestError, QueueFullError
 
         if self.state.draining:
             self.metrics.reject(REJECT_DRAINING, lane=lane)
@@ -358,6 +358,13 @@ class Server:
                 incremental=incremental,
                 lane=lane,
             )
+        except EngineDeadError as error:
+            raise APIError(
+                503,
+                f"{error}; this replica must restart (its /healthz answers 503)",
+                type="service_unavailable",
+                code="engine_failed",
+            ) from error
         except QueueFullError as error:
             self.metrics.reject(REJECT_QUEUE_FULL, lane=lane)
             retry = max(1, math.ceil(error.retry_after_s))
@@ -591,14 +598,28 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     config = server.config
     engine = server.engine
 
-    @app.get("/healthz", response_model=p.Health, tags=["health"])
-    async def healthz() -> p.Health:
-        return p.Health(status="alive")
+    def engine_failed() -> JSONResponse | None:
+        """503 once the engine loop has stopped: the kubelet restarts the pod (liveness)."""
+        if engine.failure is None:
+            return None
+        return JSONResponse({"status": "failed", "detail": engine.failure}, status_code=503)
 
-    @app.get(
-        "/readyz", response_model=p.Health, tags=["health"], responses={503: {"model": p.Health}}
-    )
+    probe: dict[str, Any] = {
+        "response_model": p.Health,
+        "response_model_exclude_none": True,
+        "tags": ["health"],
+        "responses": {503: {"model": p.Health}},
+    }
+
+    @app.get("/healthz", **probe)
+    async def healthz() -> Any:
+        return engine_failed() or p.Health(status="alive")
+
+    @app.get("/readyz", **probe)
     async def readyz() -> Any:
+        failed = engine_failed()
+        if failed is not None:
+            return failed
         if server.state.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         if not server.state.ready:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,14 +73,18 @@ def start_server(
     *args: str,
     admin_token: str | None = ADMIN_TOKEN,
     ready_timeout: float = 120.0,
+    launcher: Sequence[str] = ("-m", "wok.cli"),
+    env: Mapping[str, str] | None = None,
 ) -> RuntimeServer:
+    """`launcher`: what runs `wok` (a fault-injecting wrapper script, say); `env`: extra
+    variables for the process."""
     port = free_port()
     argv = [
-        sys.executable, "-m", "wok.cli", "runtime", "serve",
+        sys.executable, *launcher, "runtime", "serve",
         "--model", "builtin:tiny", "--host", "127.0.0.1", "--port", str(port),
         "--kv-cache-bytes", str(SMALL_KV), "--max-model-len", "256", "--log-level", "warning",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "WOK_ADMIN_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k != "WOK_ADMIN_TOKEN"} | dict(env or {})
     if admin_token is not None:
         token_file = log_dir / f"admin-token-{port}"
         token_file.write_text(admin_token + "\n")

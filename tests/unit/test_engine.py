@@ -13,6 +13,7 @@ import torch
 
 from wok_runtime.engine import (
     EngineConfig,
+    EngineDeadError,
     InvalidRequestError,
     LLMEngine,
     QueueFullError,
@@ -228,6 +229,67 @@ def test_a_failing_request_fails_alone_and_the_loop_lives(
         assert later.done.wait(30)
     finally:
         engine.shutdown(drain_timeout_s=5)
+
+
+def test_a_post_processing_fault_fails_its_step_and_the_loop_goes_on(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = LLMEngine(runner, EngineConfig())
+    postprocess = engine.scheduler.postprocess
+    armed = [True]
+
+    def faulty(*args: object, **kwargs: object) -> object:  # fault injection, once
+        if armed.pop() if armed else False:
+            raise RuntimeError("injected post-processing fault")
+        return postprocess(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.scheduler, "postprocess", faulty)
+    got = Collector()
+    got.expected = 1
+    engine.start()
+    try:
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), on_output=got, request_id="a")
+        assert got.done.wait(30)
+        bad = got.final["a"]
+        assert bad.finish_reason == "error" and "injected post-processing fault" in bad.error
+        assert engine.failure is None and engine.stats().kv_blocks_used == 0
+        later = Collector()
+        later.expected = 1
+        engine.add_request([4, 5], SamplingParams(max_tokens=3, ignore_eos=True), on_output=later)
+        assert later.done.wait(30)
+        assert next(iter(later.final.values())).finish_reason == "length"
+    finally:
+        engine.shutdown(drain_timeout_s=5)
+
+
+def test_a_scheduler_fault_fails_every_request_and_stops_the_engine(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=1))
+    got = Collector()
+    got.expected = 2
+    long = SamplingParams(max_tokens=100, ignore_eos=True)
+    engine.add_request([1, 2, 3], long, on_output=got, request_id="running")
+    engine.add_request([4, 5, 6], long, on_output=got, request_id="waiting")
+    assert engine.step()  # "running" runs, "waiting" waits behind the cap of 1
+
+    def faulty(now: float) -> object:  # fault injection
+        raise RuntimeError("injected scheduler fault")
+
+    monkeypatch.setattr(engine.scheduler, "schedule", faulty)
+    engine.start()
+    try:
+        assert got.done.wait(30), "the requests were left hanging"
+        for out in got.final.values():
+            assert out.finish_reason == "error" and "injected scheduler fault" in out.error
+        assert engine.failure is not None and "injected scheduler fault" in engine.failure
+        assert engine._thread is not None
+        engine._thread.join(10)
+        assert not engine._thread.is_alive()
+        with pytest.raises(EngineDeadError, match="injected scheduler fault"):
+            engine.add_request([1], SamplingParams(), on_output=got)
+    finally:
+        engine.shutdown(drain_timeout_s=1)
 
 
 class ManualClock:
