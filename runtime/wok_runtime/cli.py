@@ -54,7 +54,13 @@ def _register_serve(runtime: Any) -> None:
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size on CPU")
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=None,
+        help="KV pool size (default: on CUDA, measured free memory; on the CPU, a quarter of "
+        "the available host memory, at most 4 GiB)",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument(
         "--dtype",

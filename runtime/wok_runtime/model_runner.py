@@ -14,15 +14,19 @@ is the same handful of tensor ops whatever the batch.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
 from wok_runtime.model import Transformer
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -173,11 +177,6 @@ class ModelRunner:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if max_num_batched_tokens <= 0:
             raise ValueError("max_num_batched_tokens must be positive")
-        if kv_cache_bytes is None and torch_device.type != "cuda":
-            raise ValueError(
-                f"kv_cache_bytes is required on {torch_device.type} (there is no free-memory "
-                "figure to size the KV cache from)"
-            )
         path = resolve_source(source)
         model = load_model(path, dtype=torch_dtype, device=torch_device)
         tokenizer = Tokenizer.from_dir(path)
@@ -195,9 +194,21 @@ class ModelRunner:
             for block in model.layers:
                 block.mlp = torch.compile(block.mlp, dynamic=True)
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
-        if kv_cache_bytes is None:
+        if kv_cache_bytes is None and torch_device.type == "cuda":
             kv_cache_bytes = _cuda_kv_budget(
                 model, torch_device, gpu_memory_utilization, max_num_batched_tokens
+            )
+        elif kv_cache_bytes is None:
+            # Measured after the load, so the weights are not counted as free.
+            available = available_bytes()
+            kv_cache_bytes = default_cpu_kv_bytes(available)
+            log.info(
+                "KV cache on %s: %d bytes (%.0f MiB), the default for %.0f MiB of available "
+                "host memory (pass --kv-cache-bytes to choose)",
+                torch_device.type,
+                kv_cache_bytes,
+                kv_cache_bytes / 2**20,
+                available / 2**20,
             )
         num_blocks = kv_cache_bytes // block_bytes
         if num_blocks <= 0:
@@ -344,8 +355,6 @@ def _cuda_kv_budget(
 ) -> int:
     """Bytes for the KV cache on a GPU: total × utilization − what is in use (weights) − the
     activation peak of the largest step, measured by running it once."""
-    if device.type != "cuda":
-        raise ValueError(f"kv_cache_bytes is required on {device.type}")
     from wok_runtime.model import CausalAttention
 
     torch.cuda.empty_cache()

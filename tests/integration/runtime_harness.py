@@ -74,16 +74,19 @@ def start_server(
     admin_token: str | None = ADMIN_TOKEN,
     ready_timeout: float = 120.0,
     launcher: Sequence[str] = ("-m", "wok.cli"),
+    kv_cache_bytes: int | None = SMALL_KV,
     env: Mapping[str, str] | None = None,
 ) -> RuntimeServer:
     """`launcher`: what runs `wok` (a fault-injecting wrapper script, say); `env`: extra
-    variables for the process."""
+    variables for the process; `kv_cache_bytes=None`: the runtime's own default."""
     port = free_port()
     argv = [
         sys.executable, *launcher, "runtime", "serve",
         "--model", "builtin:tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--kv-cache-bytes", str(SMALL_KV), "--max-model-len", "256", "--log-level", "warning",
+        "--max-model-len", "256", "--log-level", "warning",
     ]  # fmt: skip
+    if kv_cache_bytes is not None:
+        argv += ["--kv-cache-bytes", str(kv_cache_bytes)]
     env = {k: v for k, v in os.environ.items() if k != "WOK_ADMIN_TOKEN"} | dict(env or {})
     if admin_token is not None:
         token_file = log_dir / f"admin-token-{port}"

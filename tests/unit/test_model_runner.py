@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
+from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 
@@ -197,9 +198,19 @@ def test_kv_pool_is_sized_from_the_budget(tiny_dir: Path) -> None:
     assert runner.tokenizer.eos_token_id == config.eos_token_id == 0
 
 
+def test_without_a_kv_budget_the_cpu_pool_takes_the_default_share_of_free_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("INFO", logger="wok_runtime.model_runner"):
+        runner = ModelRunner.from_source("builtin:tiny", device="cpu")
+    chosen = runner.num_blocks * runner.block_size * runner.kv_bytes_per_token
+    assert 0 < chosen <= CPU_KV_CAP_BYTES
+    assert chosen <= available_bytes() * CPU_KV_FRACTION * 1.1  # free memory moves a little
+    (line,) = [r.getMessage() for r in caplog.records if "KV cache on cpu" in r.getMessage()]
+    assert "--kv-cache-bytes" in line and "available host memory" in line
+
+
 def test_bad_configuration_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="kv_cache_bytes is required"):
-        ModelRunner.from_source("builtin:tiny", device="cpu")
     with pytest.raises(ValueError, match="holds no block"):
         ModelRunner.from_source("builtin:tiny", kv_cache_bytes=100)
     with pytest.raises(ValueError, match="unsupported dtype"):

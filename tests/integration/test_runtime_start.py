@@ -1,0 +1,34 @@
+"""How a real `wok runtime serve` starts on this (CPU-only) machine: without `--kv-cache-bytes`
+it sizes the KV pool from the available host memory and says so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from runtime_harness import KV_BYTES_PER_TOKEN, start_server
+
+from wok_runtime.host_memory import CPU_KV_CAP_BYTES
+
+pytestmark = pytest.mark.integration
+
+
+def test_without_kv_cache_bytes_the_cpu_pool_is_sized_from_free_memory(tmp_path: Path):
+    server = start_server(tmp_path, "--log-level", "info", kv_cache_bytes=None)
+    try:
+        match = re.search(r"KV cache on cpu: (\d+) bytes .* of available host memory", server.log())
+        assert match, server.log()
+        chosen = int(match.group(1))
+        assert 0 < chosen <= CPU_KV_CAP_BYTES
+        blocks = sum(
+            value
+            for key, value in server.metrics().items()
+            if key.startswith("wok_kv_cache_blocks{")
+        )
+        assert blocks == chosen // (16 * KV_BYTES_PER_TOKEN)
+        body = {"prompt": "hello", "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
+    finally:
+        assert server.stop() == 0, server.log()
