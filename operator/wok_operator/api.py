@@ -138,6 +138,27 @@ class BatchingSpec(ApiModel):
         description="η_B: the batch step per control tick (doubles while the direction repeats).",
     )
     max_num_batched_tokens: int = Field(default=2048, ge=16, le=1 << 20)
+    batch_lane_max_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="The batch lane's cap while no online request runs or waits (the brief's "
+        "big batch, long window); default: the memory cap, as many maxModelLen sequences as the "
+        "pod's KV cache holds. The runtime clamps it to its KV capacity.",
+    )
+
+
+class BatchLaneSpec(ApiModel):
+    """Offline work (`"priority": "batch"`): served from what online leaves free."""
+
+    complete_within_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86_400,
+        description="Opt-in: add replicas when the batch lane's backlog cannot finish within "
+        "this long at the current capacity (pending tokens over the measured batch-lane token "
+        "rate). Unset: a backlog never adds replicas.",
+    )
 
 
 class PriorityClass(ApiModel):
@@ -330,6 +351,7 @@ class InferenceServiceSpec(ApiModel):
     scaling: ScalingSpec = section(ScalingSpec)
     slo: SLOSpec = section(SLOSpec)
     metrics: MetricsSpec = section(MetricsSpec)
+    batch_lane: BatchLaneSpec = section(BatchLaneSpec)
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceServiceSpec:
@@ -395,6 +417,9 @@ class DecisionInputs(ApiModel):
     pending_replicas: int = 0
     reporting_replicas: int | None = None
     desired_replicas: int | None = None
+    batch_lane_requests: int | None = None
+    batch_lane_pending_tokens: int | None = None
+    batch_lane_replicas: int | None = None  # what the backlog's deadline needs (opt-in)
 
 
 class Change(ApiModel):
@@ -428,6 +453,26 @@ class LoopMemory(ApiModel):
     saturated_since: float | None = None
 
 
+class BatchLaneStatus(ApiModel):
+    """The batch lane's backlog, summed over the pods, and when it would finish as things are."""
+
+    requests: int | None = Field(default=None, description="Batch requests waiting or running.")
+    pending_tokens: int | None = Field(
+        default=None, description="Output tokens they still owe at most (their max_tokens)."
+    )
+    tokens_per_second: float | None = Field(
+        default=None, description="The batch lane's measured output tokens/s (the SLO window)."
+    )
+    estimated_seconds: float | None = Field(
+        default=None, description="pendingTokens / tokensPerSecond at the current capacity."
+    )
+    estimated_completion_time: str | None = None
+    complete_within_seconds: float | None = None
+    needed_replicas: int | None = Field(
+        default=None, description="Replicas that finish it within completeWithinSeconds."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
@@ -442,6 +487,7 @@ class InferenceServiceStatus(ApiModel):
     batch_size: int | None = None
     memory: MemoryStatus | None = None
     last_decision: LastDecision | None = None
+    batch_lane: BatchLaneStatus | None = None
     controller: LoopMemory | None = Field(
         default=None,
         description="The control loop's memory (stabilization timers), kept across restarts.",

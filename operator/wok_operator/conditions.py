@@ -20,8 +20,11 @@ SLO_UNATTAINABLE = "SLOUnattainable"
 Status = Literal["True", "False", "Unknown"]
 
 
+ISO_SECONDS = "%Y-%m-%dT%H:%M:%SZ"  # metav1.Time
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime(ISO_SECONDS)
 
 
 def set_condition(

@@ -33,6 +33,7 @@ from wok_operator.loop import (
     memory_status,
     pod_view,
     state_from_status,
+    with_batch_lane,
 )
 from wok_operator.resources import (
     MANAGED_BY,
@@ -312,14 +313,17 @@ class ServiceTick:
         """The status first (so a reconcile in between renders the new numbers), and an Event per
         knob that moved. Returns whether this write was the heartbeat."""
         decision = result.decision
+        now = cond.now_iso()
         patch = decision_status(
             decision,
             result.observation,
             previous_conditions=status.get("conditions"),
             generation=self.body.get("metadata", {}).get("generation"),
-            now=cond.now_iso(),
+            now=now,
             metrics_error=metrics_error,
         )
+        if result.backlog is not None:
+            patch = with_batch_lane(patch, result.backlog, now=now)
         patch["memory"] = memory_status(plan)
         comparable = {
             **{k: v for k, v in patch.items() if k != "lastDecision"},

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec, LoopMemory
+from wok_operator.backlog import Backlog, backlog_need, compose
 from wok_operator.budget import MemoryBudget
 from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
 from wok_operator.signals import ServiceSignals
@@ -84,6 +86,20 @@ class TickResult:
     params: LawParams
     observation: Observation
     decision: Decision
+    backlog: Backlog | None = None
+
+
+def batch_lane_backlog(
+    spec: InferenceServiceSpec, signals: ServiceSignals, obs: Observation
+) -> Backlog:
+    """The batch lane's backlog from the signals, with the deadline when the spec sets one."""
+    return backlog_need(
+        requests=signals.batch_requests,
+        pending_tokens=signals.batch_pending_tokens,
+        tokens_per_s=signals.batch_tokens_per_s,
+        ready_replicas=obs.reporting if obs.ready_replicas else 0,
+        deadline_s=spec.batch_lane.complete_within_seconds,
+    )
 
 
 def control_tick(
@@ -96,10 +112,15 @@ def control_tick(
     now: float,
     law: Law = decide,
 ) -> TickResult:
-    """observe → decide: the pure middle of every tick, in the operator and in the simulator."""
+    """observe → decide: the pure middle of every tick, in the operator and in the simulator.
+    The law sees the online lane only; a batch-lane deadline (opt-in) may add replicas beside it
+    (`backlog.compose`)."""
     params = LawParams.from_spec(spec, batch_mem=batch_mem)
     obs = observe(signals, pods)
-    return TickResult(params, obs, law(state, obs, params, now))
+    decision = law(state, obs, params, now)
+    backlog = batch_lane_backlog(spec, signals, obs)
+    decision = compose(decision, backlog, before=state, obs=obs, params=params, now=now)
+    return TickResult(params, obs, decision, backlog)
 
 
 def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:
@@ -243,4 +264,36 @@ def decision_status(
             {k: v for k, v in asdict(decision.state).items() if k not in ("batch", "replicas")}
         ).model_dump(by_alias=True),
         "conditions": conditions,
+    }
+
+
+def with_batch_lane(patch: dict[str, Any], backlog: Backlog, *, now: str) -> dict[str, Any]:
+    """The tick's status patch (`decision_status`) with the batch lane's backlog: in
+    lastDecision's inputs, and as status.batchLane with its estimated completion."""
+    patch["lastDecision"]["inputs"].update(
+        batchLaneRequests=backlog.requests,
+        batchLanePendingTokens=backlog.pending_tokens,
+        batchLaneReplicas=backlog.replicas,
+    )
+    patch["batchLane"] = batch_lane_status(backlog, now=now)
+    return patch
+
+
+def batch_lane_status(backlog: Backlog, *, now: str) -> dict[str, Any]:
+    """status.batchLane: the backlog, and when it would finish at the current capacity."""
+    done_at = None
+    if backlog.seconds is not None:
+        try:
+            start = datetime.strptime(now, cond.ISO_SECONDS).replace(tzinfo=UTC)
+            done_at = (start + timedelta(seconds=backlog.seconds)).strftime(cond.ISO_SECONDS)
+        except (ValueError, OverflowError):  # not a metav1.Time, or past the year 9999
+            done_at = None
+    return {
+        "requests": backlog.requests,
+        "pendingTokens": backlog.pending_tokens,
+        "tokensPerSecond": _rounded(backlog.tokens_per_s),
+        "estimatedSeconds": None if backlog.seconds is None else round(backlog.seconds, 1),
+        "estimatedCompletionTime": done_at,
+        "completeWithinSeconds": backlog.deadline_s,
+        "neededReplicas": backlog.replicas,
     }

@@ -79,6 +79,14 @@ def cpu_threads(cpu: str) -> int:
     return max(1, int(parse_quantity(cpu)))
 
 
+def batch_lane_args(spec: InferenceServiceSpec) -> list[str]:
+    """The batch lane's cap when the spec sets one; else the runtime's own default, the memory
+    cap it computes from the KV pool it really has (a `sim:` profile's, too). A spec edit rolls
+    the pods: the runtime's admin API moves only the online batch live."""
+    cap = spec.batching.batch_lane_max_batch_size
+    return [] if cap is None else [f"--batch-lane-max-batch-size={cap}"]
+
+
 def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
     """`wok runtime serve` flags derived from the spec; the batch size comes from the ConfigMap."""
     b, q, m = spec.batching, spec.queue, spec.memory
@@ -95,6 +103,7 @@ def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
         "--max-batch-size=$(WOK_MAX_BATCH_SIZE)",
         f"--max-wait-ms={b.max_wait_ms}",
         f"--max-num-batched-tokens={b.max_num_batched_tokens}",
+        *batch_lane_args(spec),
         f"--max-queue={q.max_length}",
         f"--queue-timeout={q.timeout_seconds:g}",
         f"--priority-classes={classes}",

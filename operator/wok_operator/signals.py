@@ -32,6 +32,11 @@ REJECTED = "wok_rejected_requests_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
+# The batch lane's own series: offline work never shows in the vllm:* ones above.
+BATCH_LANE_WAITING = "wok_batch_lane_requests_waiting"
+BATCH_LANE_RUNNING = "wok_batch_lane_requests_running"
+BATCH_LANE_PENDING_TOKENS = "wok_batch_lane_pending_tokens"
+BATCH_LANE_GENERATION_TOKENS = "wok_batch_lane_generation_tokens_total"
 
 
 def _p99(histogram: str, window: str, *, misses_count: bool) -> str:
@@ -67,6 +72,21 @@ def round_queries(windows: Iterable[int]) -> dict[str, str]:
         )
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
+    queries |= batch_lane_queries(windows)
+    return queries
+
+
+def batch_lane_queries(windows: Iterable[int]) -> dict[str, str]:
+    """The batch lane's backlog and its drain rate (`backlog.py`), by signal name (pure)."""
+    queries = {
+        "batch_requests": f"sum by ({GROUP}) ({BATCH_LANE_WAITING})"
+        f" + sum by ({GROUP}) ({BATCH_LANE_RUNNING})",
+        "batch_pending_tokens": f"sum by ({GROUP}) ({BATCH_LANE_PENDING_TOKENS})",
+    }
+    for window in sorted(set(windows)):
+        queries[f"batch_token_rate:{window}"] = (
+            f"sum by ({GROUP}) (rate({BATCH_LANE_GENERATION_TOKENS}[{window}s]))"
+        )
     return queries
 
 
@@ -97,6 +117,9 @@ class ServiceSignals:
     mean_sequence_tokens: float | None = None
     finished_per_s: float | None = None
     rejected_per_s: float | None = None
+    batch_requests: float | None = None  # the batch lane's waiting + running
+    batch_pending_tokens: float | None = None
+    batch_tokens_per_s: float | None = None
 
 
 @dataclass
@@ -122,6 +145,9 @@ class Round:
             mean_sequence_tokens=get(f"mean_tokens:{window}"),
             finished_per_s=get(f"finished_rate:{window}"),
             rejected_per_s=get(f"rejected_rate:{window}"),
+            batch_requests=get("batch_requests"),
+            batch_pending_tokens=get("batch_pending_tokens"),
+            batch_tokens_per_s=get(f"batch_token_rate:{window}"),
         )
 
 

@@ -199,6 +199,9 @@ class EmulatedPrometheus:
             put("running", sum(g.running for g in self.latest.values()))
             put("kv_usage", max(g.kv_usage for g in self.latest.values()))
             put("reporting", len(self.latest))
+            # The simulated fleet serves online traffic only: its batch lane is always empty.
+            put("batch_requests", 0.0)
+            put("batch_pending_tokens", 0.0)
         for window in self.windows:
             rates = self._rates(now, window)
             if rates is None:
@@ -213,6 +216,7 @@ class EmulatedPrometheus:
             put(f"mean_tokens:{window}", tokens / success if success > 0 else math.nan)
             put(f"finished_rate:{window}", success)
             put(f"rejected_rate:{window}", misses)
+            put(f"batch_token_rate:{window}", 0.0)
         return Round(fetched_at=now, vectors=vectors)
 
     @staticmethod

@@ -113,10 +113,22 @@ def test_every_status_field_is_declared_so_none_is_pruned():
                     "kvUsage": 0.3,
                     "readyReplicas": 2,
                     "pendingReplicas": 0,
+                    "batchLaneRequests": 40,
+                    "batchLanePendingTokens": 1000,
+                    "batchLaneReplicas": 4,
                 },
                 "batch": {"from": 8, "to": 12},
                 "replicas": {"from": 2, "to": 2},
                 "reason": "batch 8→12",
+            },
+            "batchLane": {
+                "requests": 40,
+                "pendingTokens": 1000,
+                "tokensPerSecond": 10.0,
+                "estimatedSeconds": 100.0,
+                "estimatedCompletionTime": "2026-11-29T00:01:40Z",
+                "completeWithinSeconds": 50.0,
+                "neededReplicas": 4,
             },
         }
     ).model_dump(by_alias=True, exclude_none=True)
