@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from wok_cluster.backed_pod import emulate_gpu
 from wok_cluster.expand import expand, field_ref
 from wok_cluster.netutil import pick_pod_octet, require_loopback
 from wok_cluster.nodes import gpu_node, pod_cidr
@@ -86,3 +87,14 @@ def test_scrape_config_keeps_annotated_loopback_pods():
     assert keeps["__meta_kubernetes_pod_ip"] == r"127\..+"
     targets = {r["target_label"] for r in relabel if r["action"] == "replace"}
     assert {"__address__", "__metrics_path__", "namespace", "pod", "service"} <= targets
+
+
+def test_a_cuda_runtime_pod_runs_on_the_emulated_nodes_cpu():
+    assert emulate_gpu(["runtime", "serve", "--device=cuda", "--kv-cache-bytes=9"]) == [
+        "runtime",
+        "serve",
+        "--device=cpu",
+        "--kv-cache-bytes=9",
+    ]
+    assert emulate_gpu(["--device", "cuda:0", "--x"]) == ["--device", "cpu", "--x"]
+    assert emulate_gpu(["--device=sim", "--profile=sim:x"]) == ["--device=sim", "--profile=sim:x"]

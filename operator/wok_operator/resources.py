@@ -59,8 +59,11 @@ def served_model_name(spec: InferenceServiceSpec) -> str:
 
 
 def accelerator_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
-    """How the pod's accelerator is sized: the KV pool from the budget, or for a `sim:` source
-    the profile's step times and KV capacity (the budget still sets the batch cap)."""
+    """How the pod's accelerator is chosen and sized. Every pod has a GPU (`gpusPerPod` ≥ 1) and
+    runs on CUDA, named: a node without a working GPU fails the pod loudly (the runtime exits
+    non-zero) instead of serving from the CPU; the KV pool comes from the budget. A `sim:`
+    source runs the simulated accelerator, sized by its profile (the budget still sets the
+    batch cap)."""
     if spec.model.source.startswith("sim:"):
         load = spec.runtime.sim_load_seconds
         return [
@@ -69,6 +72,7 @@ def accelerator_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[s
             *([] if load is None else [f"--sim-load-seconds={load:g}"]),
         ]
     return [
+        "--device=cuda",
         f"--kv-cache-bytes={budget.kv_budget_bytes}",
         f"--gpu-memory-utilization={spec.memory.gpu_memory_utilization:g}",
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -172,6 +173,8 @@ class ModelRunner:
         compile: bool = False,
     ) -> ModelRunner:
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if torch_device.type == "cuda":
+            require_cuda(torch_device)
         torch_dtype = parse_dtype(dtype)
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
@@ -315,6 +318,25 @@ class ModelRunner:
         if self._pin:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
+
+
+def require_cuda(device: torch.device) -> None:
+    """A CUDA device that was asked for must be there: a GPU pod never falls back to the CPU
+    (it would serve, slowly, from a KV pool sized for the GPU)."""
+    with warnings.catch_warnings():  # is_available() may warn about the driver: one line only
+        warnings.simplefilter("ignore")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
+        raise ValueError(
+            f"device {str(device)!r} was asked for but CUDA is not available (torch "
+            f"{torch.__version__}, built with {build}; no GPU or driver visible); refusing to "
+            "fall back to the CPU"
+        )
+    if device.index is not None and device.index >= count:
+        raise ValueError(
+            f"device {str(device)!r} was asked for but only {count} GPU(s) are visible"
+        )
 
 
 # What one more SDPA call costs, in gathered blocks of padding it must save to be worth it.

@@ -1,9 +1,12 @@
 """How a real `wok runtime serve` starts on this (CPU-only) machine: without `--kv-cache-bytes`
-it sizes the KV pool from the available host memory and says so."""
+it sizes the KV pool from the available host memory and says so; with `--device cuda` and no
+CUDA it refuses in one line with a non-zero exit, never falling back to the CPU."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -32,3 +35,19 @@ def test_without_kv_cache_bytes_the_cpu_pool_is_sized_from_free_memory(tmp_path:
         assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_device_cuda_without_cuda_refuses_in_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    argv = [sys.executable, "-m", "wok.cli", "runtime", "serve", "--model", "builtin:tiny"]
+    done = subprocess.run(
+        [*argv, "--device", "cuda", "--port", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("wok runtime: error: device 'cuda' was asked for")
+    assert "CUDA is not available" in line and "refusing to fall back to the CPU" in line

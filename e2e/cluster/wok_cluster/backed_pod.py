@@ -46,6 +46,25 @@ def map_program(program: str) -> str:
     return program
 
 
+#: The emulated GPU nodes have no GPU: a runtime pod rendered with `--device=cuda` runs its
+#: model on the host CPU instead. The one place where the CPU stands in for a GPU, named here;
+#: the runtime itself refuses `--device cuda` when CUDA is not available.
+EMULATED_DEVICE = "cpu"
+
+
+def emulate_gpu(argv: list[str]) -> list[str]:
+    """`argv` with a CUDA device flag (`--device=cuda[:N]` or `--device cuda[:N]`) moved to
+    the emulated node's device."""
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--device=cuda"):
+            arg = f"--device={EMULATED_DEVICE}"
+        elif out and out[-1] == "--device" and arg.startswith("cuda"):
+            arg = EMULATED_DEVICE
+        out.append(arg)
+    return out
+
+
 class BackedPod:
     def __init__(self, pod: Mapping[str, Any], directory: Path) -> None:
         self.pod = pod
@@ -177,7 +196,7 @@ class BackedPod:
             for arg in [*spec.get("command", []), *spec.get("args", [])]
         ]
         if argv:
-            argv[0] = map_program(argv[0])
+            argv = [map_program(argv[0]), *emulate_gpu(argv[1:])]
         work = spec.get("workingDir")
         name = spec["name"]
         return LaunchSpec(
