@@ -451,6 +451,7 @@ class LoopMemory(ApiModel):
     in_flight: float | None = None
     in_flight_at: float | None = None
     saturated_since: float | None = None
+    queued_since: float | None = None
 
 
 class BatchLaneStatus(ApiModel):

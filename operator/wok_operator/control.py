@@ -164,6 +164,7 @@ class LoopState:
     in_flight: float | None = None  # requests in the pods (running + waiting) at the last tick
     in_flight_at: float | None = None
     saturated_since: float | None = None  # since when pods queue with free batch slots
+    queued_since: float | None = None  # since when requests have queued past Q* at every tick
 
 
 @dataclass(frozen=True)
@@ -407,9 +408,15 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
     tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
     queueing = obs.queue_per_replica > 0  # type: ignore[operator]
+    # The windowed P99 remembers a spike for a window after its queue drained: only a queue past
+    # Q* that lasts says the fleet is short now (a pod added for a spike gone arrives idle).
+    queued_since = (state.queued_since or now) if queue_long else None
+    queue_lasts = queued_since is not None and now - queued_since >= p.scale_up_window_s
     # Latency breaches that no batch step can fix: queueing (TTFT) or step time from load (TPOT
     # below the cap). One more pod, once the last one could show in the windowed P99.
-    lagging_breach = (ttft_breached and queueing) or (tpot_breached and not _cap_binds(batch, obs))
+    lagging_breach = (ttft_breached and queue_lasts) or (
+        tpot_breached and not _cap_binds(batch, obs)
+    )
 
     # The smallest ask while demand keeps asking for more (a spike must persist), the largest
     # while it keeps asking for fewer (the stabilized scale-down); a new episode starts afresh.
@@ -440,8 +447,8 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     ):
         new_replicas = replicas + 1
         replicas_why = (
-            f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a queue"
-            if ttft_breached and queueing
+            f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a lasting queue"
+            if ttft_breached and queue_lasts
             else f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s below the cap"
         )
     elif (
@@ -502,6 +509,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         in_flight=in_flight,
         in_flight_at=now if in_flight is not None else None,
         saturated_since=saturated_since,
+        queued_since=queued_since,
     )
     kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
     return Decision(

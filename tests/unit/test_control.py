@@ -291,13 +291,30 @@ def test_a_ttft_breach_with_a_queue_adds_a_pod_only_after_the_last_one_could_sho
         target_utilization=1.0, scale_up_window_s=0, pod_start_s=30, slo_window_s=60
     )
     state = LoopState(batch=200, replicas=2)
-    # Demand fits two pods (301 of 400 slots), yet requests queue somewhere: uneven routing.
-    first = decide(state, obs(1, running=150, ready=2, ttft=5.0), params, now=0)
+    # Demand fits two pods (308 of 400 slots), yet requests queue somewhere: uneven routing.
+    first = decide(state, obs(4, running=150, ready=2, ttft=5.0), params, now=0)
     assert first.replicas == 3 and "TTFT" in first.reason
-    again = decide(first.state, obs(1, running=150, ready=2, pending=1, ttft=5.0), params, now=60)
+    again = decide(first.state, obs(4, running=150, ready=2, pending=1, ttft=5.0), params, now=60)
     assert again.replicas == 3  # 60 s < pod start + window: the P99 cannot show it yet
-    later = decide(again.state, obs(1, running=150, ready=3, ttft=5.0), params, now=95)
+    later = decide(again.state, obs(4, running=150, ready=3, ttft=5.0), params, now=95)
     assert later.replicas == 4
+
+
+def test_a_spike_gone_from_the_queue_but_not_from_the_windowed_ttft_adds_no_pod():
+    """The windowed P99 keeps a spike for a window after its queue drained; a pod added then
+    arrives idle. Only a queue past Q* that lasts the scale-up window adds one."""
+    params = default_params(target_utilization=1.0, scale_up_window_s=10, pod_start_s=30)
+    state = LoopState(batch=200, replicas=2)
+    spike = decide(state, obs(20, running=150, ready=2, ttft=1.0), params, now=0)
+    drained = decide(spike.state, obs(0.5, running=150, ready=2, ttft=5.0), params, now=5)
+    assert drained.replicas == 2
+    queue = drained.state
+    for now in (10.0, 15.0, 20.0):
+        decision = decide(queue, obs(4, running=150, ready=2, ttft=5.0), params, now=now)
+        queue = decision.state
+        if now < 20.0:
+            assert decision.replicas == 2, now  # the queue has not lasted 10 s yet
+    assert decision.replicas == 3 and "lasting queue" in decision.reason
 
 
 def test_an_unattainable_tpot_is_reported_not_chased_below_the_floor():
