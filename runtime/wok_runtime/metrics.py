@@ -50,6 +50,10 @@ BATCH_SIZE = "wok_batch_size"
 REJECTED_REQUESTS = "wok_rejected_requests"
 QUEUE_LENGTH = "wok_queue_length"
 KV_CACHE_BLOCKS = "wok_kv_cache_blocks"
+# The KV pool's size (on a pod, the operator's budget) and the room the runtime measured for it
+# after loading (kv_memory.py): apart by more than 10 %, the budget is wrong for the node.
+KV_CACHE_BUDGET_BYTES = "wok_kv_cache_budget_bytes"
+KV_CACHE_MEASURED_BYTES = "wok_kv_cache_measured_bytes"
 # The batch lane: offline work that only uses what the online lane leaves free.
 BATCH_LANE_REQUESTS_WAITING = "wok_batch_lane_requests_waiting"
 BATCH_LANE_REQUESTS_RUNNING = "wok_batch_lane_requests_running"
@@ -161,6 +165,19 @@ _SPECS = (
     MetricSpec(
         KV_CACHE_BLOCKS, "gauge", "KV-cache blocks by state (free/used).", labels=("state",)
     ),
+    MetricSpec(
+        KV_CACHE_BUDGET_BYTES,
+        "gauge",
+        "The KV pool's size in bytes: --kv-cache-bytes (the operator's budget) or the default.",
+        labels=("device",),
+    ),
+    MetricSpec(
+        KV_CACHE_MEASURED_BYTES,
+        "gauge",
+        "Bytes the runtime measured free for the KV pool after loading (CUDA: total x "
+        "utilization - in use - activation peak; CPU: its default share of available memory).",
+        labels=("device",),
+    ),
     MetricSpec(BATCH_LANE_REQUESTS_WAITING, "gauge", "Batch-lane requests waiting."),
     MetricSpec(BATCH_LANE_REQUESTS_RUNNING, "gauge", "Batch-lane requests running."),
     MetricSpec(
@@ -212,11 +229,19 @@ class RuntimeMetrics:
     """
 
     def __init__(
-        self, model_name: str, stats_fn: Callable[[], Any], *, priorities: tuple[int, ...] = ()
+        self,
+        model_name: str,
+        stats_fn: Callable[[], Any],
+        *,
+        priorities: tuple[int, ...] = (),
+        kv_memory: Any = None,
     ) -> None:
+        """`kv_memory`: the runner's `KvMemory` (kv_memory.py); None (the simulated
+        accelerator: no bytes) leaves the two KV byte gauges out."""
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.model_name = model_name
+        self.kv_memory = kv_memory
         self.registry = CollectorRegistry(auto_describe=True)
         self._stats_fn = stats_fn
         # Every configured class is always exposed (0 when empty): absent series break rate().
@@ -345,6 +370,15 @@ class _EngineGauges:
         blocks.add_metric([model, "free"], s.kv_blocks_free)
         blocks.add_metric([model, "used"], s.kv_blocks_used)
         yield blocks
+        kv = self._owner.kv_memory
+        if kv is not None:
+            for name, value in (
+                (KV_CACHE_BUDGET_BYTES, kv.budget_bytes),
+                (KV_CACHE_MEASURED_BYTES, kv.measured_bytes),
+            ):
+                family = GaugeMetricFamily(name, METRICS[name].help, labels=[MODEL_LABEL, "device"])
+                family.add_metric([model, kv.device], value)
+                yield family
         yield gauge(BATCH_LANE_REQUESTS_WAITING, s.batch_waiting)
         yield gauge(BATCH_LANE_REQUESTS_RUNNING, s.batch_running)
         yield gauge(BATCH_LANE_PENDING_TOKENS, s.batch_pending_tokens)

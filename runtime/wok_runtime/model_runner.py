@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
+from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
 from wok_runtime.model import Transformer
 from wok_runtime.model_config import ModelConfig
@@ -129,6 +130,7 @@ class ModelRunner:
         max_model_len: int,
         max_num_batched_tokens: int,
         source: str = "",
+        kv_memory: KvMemory | None = None,
     ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"the KV cache must hold at least one block, got {num_blocks}")
@@ -139,6 +141,7 @@ class ModelRunner:
         self.tokenizer = tokenizer
         self.source = source
         self.model_name = source or "wok"
+        self.kv_memory = kv_memory  # the pool's size against the measured room (metrics)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
@@ -197,21 +200,38 @@ class ModelRunner:
             for block in model.layers:
                 block.mlp = torch.compile(block.mlp, dynamic=True)
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
-        if kv_cache_bytes is None and torch_device.type == "cuda":
-            kv_cache_bytes = _cuda_kv_budget(
+        # The room for the pool, measured after the load (the weights are not free memory).
+        if torch_device.type == "cuda":
+            measured = _cuda_kv_room(
                 model, torch_device, gpu_memory_utilization, max_num_batched_tokens
             )
-        elif kv_cache_bytes is None:
-            # Measured after the load, so the weights are not counted as free.
+            where = f"measured free on {torch_device} at --gpu-memory-utilization "
+            where += f"{gpu_memory_utilization:g}"
+        else:
             available = available_bytes()
-            kv_cache_bytes = default_cpu_kv_bytes(available)
+            measured = default_cpu_kv_bytes(available)
+            where = f"the default for {available / 2**20:.0f} MiB of available host memory"
+        if kv_cache_bytes is None:
+            if measured <= 0:
+                raise ValueError(f"no memory left for the KV cache: {measured} bytes, {where}")
+            kv_cache_bytes = measured
             log.info(
-                "KV cache on %s: %d bytes (%.0f MiB), the default for %.0f MiB of available "
-                "host memory (pass --kv-cache-bytes to choose)",
+                "KV cache on %s: %d bytes (%.0f MiB), %s (pass --kv-cache-bytes to choose)",
                 torch_device.type,
                 kv_cache_bytes,
                 kv_cache_bytes / 2**20,
-                available / 2**20,
+                where,
+            )
+        kv_memory = KvMemory(torch_device.type, kv_cache_bytes, measured)
+        if torch_device.type == "cuda" and kv_memory.differs():
+            log.warning(
+                "the KV budget (--kv-cache-bytes) is %d bytes but %d bytes were %s: they differ "
+                "by more than %.0f %% (the pool keeps the budget; check the operator's memory "
+                "budget against this node)",
+                kv_cache_bytes,
+                measured,
+                where.removeprefix("measured "),
+                100 * KV_BUDGET_TOLERANCE,
             )
         num_blocks = kv_cache_bytes // block_bytes
         if num_blocks <= 0:
@@ -227,6 +247,7 @@ class ModelRunner:
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
             source=source,
+            kv_memory=kv_memory,
         )
 
     @torch.inference_mode()
@@ -372,11 +393,11 @@ def _length_groups(n_blocks: list[int]) -> list[tuple[int, int]]:
     return groups[::-1]
 
 
-def _cuda_kv_budget(
+def _cuda_kv_room(
     model: Transformer, device: torch.device, utilization: float, max_num_batched_tokens: int
 ) -> int:
-    """Bytes for the KV cache on a GPU: total × utilization − what is in use (weights) − the
-    activation peak of the largest step, measured by running it once."""
+    """Bytes a GPU has for the KV cache: total × utilization − what is in use (weights) − the
+    activation peak of the largest step, measured by running it once. May be <= 0."""
     from wok_runtime.model import CausalAttention
 
     torch.cuda.empty_cache()
@@ -392,10 +413,4 @@ def _cuda_kv_budget(
     used = total - free
     peak = torch.cuda.max_memory_allocated(device)
     current = torch.cuda.memory_allocated(device)
-    budget = int(total * utilization - used - (peak - current))
-    if budget <= 0:
-        raise ValueError(
-            f"no GPU memory left for the KV cache at gpu_memory_utilization={utilization} "
-            f"(total {total}, in use {used}, activation peak {peak - current})"
-        )
-    return budget
+    return int(total * utilization - used - (peak - current))

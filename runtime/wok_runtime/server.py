@@ -465,7 +465,10 @@ def create_app(
     """
     if metrics is None:
         priorities = tuple(sorted(set(config.priority_classes.values())))
-        metrics = RuntimeMetrics(config.served_model_name, engine.stats, priorities=priorities)
+        kv_memory = getattr(getattr(engine, "runner", None), "kv_memory", None)
+        metrics = RuntimeMetrics(
+            config.served_model_name, engine.stats, priorities=priorities, kv_memory=kv_memory
+        )
     server = Server(engine, config, metrics)
 
     from contextlib import asynccontextmanager
@@ -1004,7 +1007,10 @@ def serve_from_args(args: argparse.Namespace) -> int:
     priorities = tuple(sorted(set(classes.values())))
     # The collector reads the engine at scrape time; the engine reports steps to the collector.
     metrics = RuntimeMetrics(
-        config.served_model_name, lambda: engine.stats(), priorities=priorities
+        config.served_model_name,
+        lambda: engine.stats(),
+        priorities=priorities,
+        kv_memory=getattr(runner, "kv_memory", None),
     )
     engine = LLMEngine(runner, engine_config, on_step=metrics.observe_step)
     app = create_app(engine, config, metrics=metrics)

@@ -25,12 +25,11 @@ def test_without_kv_cache_bytes_the_cpu_pool_is_sized_from_free_memory(tmp_path:
         assert match, server.log()
         chosen = int(match.group(1))
         assert 0 < chosen <= CPU_KV_CAP_BYTES
-        blocks = sum(
-            value
-            for key, value in server.metrics().items()
-            if key.startswith("wok_kv_cache_blocks{")
-        )
+        metrics = server.metrics()
+        blocks = sum(v for k, v in metrics.items() if k.startswith("wok_kv_cache_blocks{"))
         assert blocks == chosen // (16 * KV_BYTES_PER_TOKEN)
+        for gauge in ("wok_kv_cache_budget_bytes", "wok_kv_cache_measured_bytes"):
+            assert metrics[f'{gauge}{{device="cpu",model_name="builtin:tiny"}}'] == chosen
         body = {"prompt": "hello", "max_tokens": 4, "ignore_eos": True}
         assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
     finally:

@@ -203,9 +203,15 @@ def test_without_a_kv_budget_the_cpu_pool_takes_the_default_share_of_free_memory
 ) -> None:
     with caplog.at_level("INFO", logger="wok_runtime.model_runner"):
         runner = ModelRunner.from_source("builtin:tiny", device="cpu")
-    chosen = runner.num_blocks * runner.block_size * runner.kv_bytes_per_token
-    assert 0 < chosen <= CPU_KV_CAP_BYTES
-    assert chosen <= available_bytes() * CPU_KV_FRACTION * 1.1  # free memory moves a little
+    kv = runner.kv_memory
+    assert kv is not None and kv.device == "cpu"
+    assert kv.budget_bytes == kv.measured_bytes  # it took what it measured
+    assert 0 < kv.budget_bytes <= CPU_KV_CAP_BYTES
+    if kv.budget_bytes < CPU_KV_CAP_BYTES:  # else the cap; free memory moves a little
+        assert kv.budget_bytes <= available_bytes() * CPU_KV_FRACTION * 1.5
+    pool = runner.num_blocks * runner.block_size * runner.kv_bytes_per_token
+    assert kv.budget_bytes - runner.block_size * runner.kv_bytes_per_token < pool
+    assert pool <= kv.budget_bytes
     (line,) = [r.getMessage() for r in caplog.records if "KV cache on cpu" in r.getMessage()]
     assert "--kv-cache-bytes" in line and "available host memory" in line
 

@@ -22,6 +22,7 @@ from wok_runtime.bench_http import (
 )
 from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.engine import EngineStats, StepStats
+from wok_runtime.kv_memory import KvMemory
 from wok_runtime.protocol import BatchingUpdate, ChatCompletionRequest, CompletionRequest
 from wok_runtime.sequence import RequestMetrics
 from wok_runtime.server import APIError, Server, ServerConfig, parse_priority_classes
@@ -49,6 +50,8 @@ def test_metric_names_are_the_contract():
         "wok_rejected_requests": "counter",
         "wok_queue_length": "gauge",
         "wok_kv_cache_blocks": "gauge",
+        "wok_kv_cache_budget_bytes": "gauge",
+        "wok_kv_cache_measured_bytes": "gauge",
         "wok_batch_lane_requests_waiting": "gauge",
         "wok_batch_lane_requests_running": "gauge",
         "wok_batch_lane_pending_tokens": "gauge",
@@ -97,7 +100,8 @@ def _samples(text: str) -> dict[str, float]:
 
 def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     stats = [_stats()]
-    metrics = m.RuntimeMetrics("tiny", lambda: stats[0], priorities=(0, 1, 2))
+    kv = KvMemory("cuda", budget_bytes=1000, measured_bytes=1200)
+    metrics = m.RuntimeMetrics("tiny", lambda: stats[0], priorities=(0, 1, 2), kv_memory=kv)
     metrics.observe_step(
         StepStats(
             batch_size=3,
@@ -149,6 +153,8 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     assert s['wok_rejected_requests_total{model_name="tiny",reason="queue_full"}'] == 1
     assert s['wok_batch_size_bucket{le="4.0",model_name="tiny"}'] == 1
     assert s['wok_batch_size_bucket{le="2.0",model_name="tiny"}'] == 0
+    assert s['wok_kv_cache_budget_bytes{device="cuda",model_name="tiny"}'] == 1000
+    assert s['wok_kv_cache_measured_bytes{device="cuda",model_name="tiny"}'] == 1200
     stats[0] = _stats(max_batch_size=2)
     assert _samples(metrics.render()[0].decode())['wok_max_batch_size{model_name="tiny"}'] == 2
 
@@ -449,3 +455,13 @@ def test_incremental_text_is_the_full_decode_and_decodes_a_window_only():
     assert shown == tokenizer.decode(ids)
     assert "\ufffd" not in shown
     assert decoded < 12 * len(ids)  # re-decoding everything each time would be len² / 2
+
+
+def test_the_kv_budget_and_the_measured_room_differ_past_ten_percent():
+    assert not KvMemory("cuda", 1000, 1100).differs()
+    assert not KvMemory("cuda", 1000, 900).differs()
+    assert KvMemory("cuda", 1000, 1101).differs()
+    assert KvMemory("cuda", 1000, 899).differs()
+    # The simulated accelerator has no bytes: no KV byte gauges at all.
+    body = m.RuntimeMetrics("sim", _stats).render()[0].decode()
+    assert m.KV_CACHE_BUDGET_BYTES not in body and m.KV_CACHE_MEASURED_BYTES not in body
