@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from wok_runtime.builtin import ensure_builtin
-from wok_runtime.model import Transformer, hf_to_wok_state_dict
+from wok_runtime.model import Transformer, hf_weight_map
 from wok_runtime.model_config import ModelConfig
-from wok_runtime.weights import INDEX_FILE, load_safetensors, save_safetensors
+from wok_runtime.weights import INDEX_FILE, iter_safetensors, load_safetensors, save_safetensors
 
 BUILTIN_PREFIX = "builtin:"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -49,15 +49,38 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def load_model(path: Path, *, dtype: torch.dtype, device: torch.device) -> Transformer:
-    """Builds the model from a Hugging Face directory straight onto `device` in `dtype`."""
+    """Builds the model from a Hugging Face directory straight onto `device` in `dtype`.
+
+    Streams: each checkpoint tensor is read into a host buffer, copied (converted) into its
+    rows of the parameter on the device, and dropped, so the host never holds the checkpoint
+    nor fused copies of it; on a GPU it holds about the largest tensor
+    (`bench/results/loader_rss.md`)."""
     config = ModelConfig.from_file(Path(path) / "config.json")
-    state = hf_to_wok_state_dict(config, load_safetensors(Path(path)))
-    model = Transformer(config)  # uninitialised parameters, replaced below without a copy
+    model = Transformer(config)  # uninitialised parameters (untouched), replaced below
+    targets = {
+        name: torch.empty(p.shape, dtype=dtype, device=device)
+        for name, p in model.named_parameters()  # a tied lm_head is embed_tokens' (one entry)
+    }
+    weight_map = hf_weight_map(config)
+    seen: set[str] = set()
+    for name, tensor in iter_safetensors(Path(path)):
+        if name not in weight_map:
+            continue  # not a parameter of this model (e.g. a tied checkpoint's lm_head)
+        target, where = weight_map[name]
+        rows = targets[target][where]
+        if rows.shape != tensor.shape:
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                f"{tuple(rows.shape)}"
+            )
+        rows.copy_(tensor)
+        seen.add(name)
+    missing = weight_map.keys() - seen
+    if missing:
+        raise ValueError(f"weights are missing tensor {sorted(missing)[0]!r}")
     if config.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
-    for name, tensor in state.items():
-        state[name] = tensor.to(device=device, dtype=dtype)
-    model.load_state_dict(state, strict=True, assign=True)
+        targets["lm_head.weight"] = targets["embed_tokens.weight"]
+    model.load_state_dict(targets, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rope_cos = model.rope_cos.to(device)

@@ -8,7 +8,7 @@ benchmarks pass others. Everything else (projections, rotary embeddings, MLP, no
 sequence-agnostic and runs once over all packed tokens.
 
 Weights are held fused (`qkv_proj`, `gate_up_proj`) because on a CPU at decode batch sizes every
-matmul call costs fixed overhead; `hf_to_wok_state_dict` maps the Hugging Face names.
+matmul call costs fixed overhead; `hf_weight_map` maps the Hugging Face names onto them.
 """
 
 from __future__ import annotations
@@ -180,33 +180,35 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(hidden)).float()
 
 
-def hf_to_wok_state_dict(
-    config: ModelConfig, hf: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Maps Hugging Face LlamaForCausalLM tensor names onto this module's (fused) parameters."""
-    out: dict[str, torch.Tensor] = {}
-
-    def take(name: str) -> torch.Tensor:
-        if name not in hf:
-            raise ValueError(f"weights are missing tensor {name!r}")
-        return hf[name]
-
-    out["embed_tokens.weight"] = take("model.embed_tokens.weight")
-    out["norm.weight"] = take("model.norm.weight")
+def hf_weight_map(config: ModelConfig) -> dict[str, tuple[str, slice]]:
+    """Where each Hugging Face LlamaForCausalLM tensor goes: (this module's parameter, its
+    rows). The fused parameters take several: q, k, v stacked in `qkv_proj`, gate and up in
+    `gate_up_proj`, so the loader can copy each tensor into its rows as it reads it."""
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows = config.num_key_value_heads * config.head_dim
+    whole = slice(None)
+    out = {"model.embed_tokens.weight": ("embed_tokens.weight", whole)}
+    out["model.norm.weight"] = ("norm.weight", whole)
     if not config.tie_word_embeddings:
-        out["lm_head.weight"] = take("lm_head.weight")
+        out["lm_head.weight"] = ("lm_head.weight", whole)
+    qkv_rows = {
+        "q": slice(0, q_rows),
+        "k": slice(q_rows, q_rows + kv_rows),
+        "v": slice(q_rows + kv_rows, q_rows + 2 * kv_rows),
+    }
+    gate_up_rows = {
+        "gate": slice(0, config.intermediate_size),
+        "up": slice(config.intermediate_size, 2 * config.intermediate_size),
+    }
     for i in range(config.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
-        out[dst + "self_attn.qkv_proj.weight"] = torch.cat(
-            [take(src + f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")], dim=0
-        )
-        out[dst + "self_attn.o_proj.weight"] = take(src + "self_attn.o_proj.weight")
-        out[dst + "mlp.gate_up_proj.weight"] = torch.cat(
-            [take(src + f"mlp.{p}_proj.weight") for p in ("gate", "up")], dim=0
-        )
-        out[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight")
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            out[dst + f"{norm}.weight"] = take(src + f"{norm}.weight")
+        for proj, rows in qkv_rows.items():
+            out[src + f"self_attn.{proj}_proj.weight"] = (dst + "self_attn.qkv_proj.weight", rows)
+        for proj, rows in gate_up_rows.items():
+            out[src + f"mlp.{proj}_proj.weight"] = (dst + "mlp.gate_up_proj.weight", rows)
+        for name in ("self_attn.o_proj", "mlp.down_proj", "input_layernorm",
+                     "post_attention_layernorm"):  # fmt: skip
+            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole)
     return out
 
 

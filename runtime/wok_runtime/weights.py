@@ -7,10 +7,11 @@ on-disk format: the one `transformers.from_pretrained` reads.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -50,12 +51,27 @@ def save_safetensors(
     return files
 
 
-def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory: the index when there is one, else the one file,
-    else every `*.safetensors` file in it."""
-    path = Path(path)
+#: safetensors' dtype names.
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _checkpoint_files(path: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The shard files of a checkpoint directory (the index's, else the one file, else every
+    `*.safetensors`) and the index's weight map, if there is one."""
+    weight_map: dict[str, str] | None = None
     if (path / INDEX_FILE).is_file():
-        weight_map: dict[str, str] = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+        weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
         files = sorted(set(weight_map.values()))
     elif (path / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
@@ -63,15 +79,40 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no safetensors weights in {path}")
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        shard = load_file(str(path / name))
-        overlap = tensors.keys() & shard.keys()
-        if overlap:
-            raise ValueError(f"tensor {sorted(overlap)[0]!r} appears in more than one shard")
-        tensors.update(shard)
-    if (path / INDEX_FILE).is_file():
-        missing = weight_map.keys() - tensors.keys()
+    return files, weight_map
+
+
+def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a checkpoint directory one at a time, each read into its own host buffer
+    with plain reads (no mmap, so no file pages count against the process): a caller that
+    copies each to the device and drops it holds one tensor on the host, never the checkpoint.
+    """
+    path = Path(path)
+    files, weight_map = _checkpoint_files(path)
+    seen: set[str] = set()
+    for file_name in files:
+        with open(path / file_name, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_len))
+            header.pop("__metadata__", None)
+            base = 8 + header_len
+            for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+                if name in seen:
+                    raise ValueError(f"tensor {name!r} appears in more than one shard")
+                seen.add(name)
+                start, end = info["data_offsets"]
+                buffer = torch.empty(end - start, dtype=torch.uint8)
+                f.seek(base + start)
+                if f.readinto(memoryview(buffer.numpy())) != end - start:
+                    raise ValueError(f"{file_name}: tensor {name!r} is truncated")
+                yield name, buffer.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+    if weight_map is not None:
+        missing = weight_map.keys() - seen
         if missing:
             raise ValueError(f"tensor {sorted(missing)[0]!r} is in the index but in no shard")
-    return tensors
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory in host memory (the exporter, tests); the loader
+    streams them with `iter_safetensors` instead."""
+    return dict(iter_safetensors(path))

@@ -22,7 +22,7 @@ from wok_runtime.loader import export_model, load_model
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.tokenizer import Tokenizer
-from wok_runtime.weights import INDEX_FILE, load_safetensors, save_safetensors
+from wok_runtime.weights import INDEX_FILE, iter_safetensors, load_safetensors, save_safetensors
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -200,3 +200,35 @@ def test_config_validates_itself() -> None:
     del raw["rope_theta"]
     raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
     assert ModelConfig.from_hf_dict(raw).rope_theta == 5e5
+
+
+def test_the_streaming_reader_agrees_with_the_safetensors_library(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = {
+        "a": torch.randn(3, 4).to(torch.bfloat16),
+        "b": torch.arange(5),
+        "c": torch.tensor(1.5),
+        "d": torch.zeros(0, 2),
+        "e": torch.randn(7, 2, dtype=torch.float16),
+    }
+    save_safetensors(tensors, tmp_path, max_shard_bytes=40)
+    assert (tmp_path / INDEX_FILE).is_file()
+    reference: dict[str, torch.Tensor] = {}
+    for file in tmp_path.glob("*.safetensors"):
+        reference.update(load_file(str(file)))
+    got = dict(iter_safetensors(tmp_path))
+    assert got.keys() == reference.keys() == tensors.keys()
+    for name, tensor in reference.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_a_tensor_of_the_wrong_shape_is_a_clear_error(tmp_path: Path) -> None:
+    path = ensure_generated(SMALL, tmp_path)
+    tensors = load_safetensors(path)
+    tensors["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(3, 64)
+    for file in path.glob("*.safetensors"):
+        file.unlink()
+    save_safetensors(tensors, path)
+    with pytest.raises(ValueError, match=r"k_proj.weight' has shape \(3, 64\)"):
+        load_model(path, dtype=torch.float32, device=torch.device("cpu"))
