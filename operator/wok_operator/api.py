@@ -113,7 +113,11 @@ class RuntimeSpec(ApiModel):
     gpus_per_pod: int = Field(default=1, ge=1, le=16)
     gpu_memory: Quantity = Field(default="80Gi", description="Memory of one GPU.")
     cpu: Quantity = "2"
-    memory: Quantity = "8Gi"
+    memory: Quantity | None = Field(
+        default=None,
+        description="The pod's memory request and limit. Default: from the budget, the weights "
+        "(on the host while they load) plus the runtime's overhead; a sim: source needs little.",
+    )
     drain_seconds: int = Field(default=30, ge=0, le=3600, description="Graceful drain on stop.")
     sim_load_seconds: float | None = Field(
         default=None,

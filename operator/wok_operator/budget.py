@@ -11,6 +11,10 @@ past `max_batch_size` (the design's B_mem). Formulas:
                    (an upper bound: the runtime computes logits only for each sequence's last token)
     kv_budget    = gpu_memory · gpus · utilization − weights − activations − reserve
     B_mem        = floor(kv_budget / (kv/token · L)),  L = max_model_len or the observed mean length
+
+and on the host, the pod's memory request and limit (`pod_memory_bytes`):
+
+    pod memory   = weights + runtime overhead      (a `sim:` pod: SIM_POD_MEMORY_BYTES)
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from pathlib import Path
 from wok_operator.api import Architecture, InferenceServiceSpec, MemorySpec, quantity_bytes
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+#: Host memory of a runtime process besides the weights: the interpreter, torch, the host side
+#: of the CUDA libraries and context, the tokenizer and the HTTP server. A builtin:tiny server
+#: idles at about 0.6 GiB RSS on the CPU (torch's CUDA build); the CUDA context adds its host
+#: side on a GPU node; the rest is headroom.
+RUNTIME_OVERHEAD_BYTES = 2 * 2**30
+#: A `sim:` pod: no torch and no weights (about 65 MB RSS idle, bench/results/sim_device.md).
+SIM_POD_MEMORY_BYTES = 256 * 2**20
 
 PRESETS: dict[str, Architecture] = {
     "tiny": Architecture(
@@ -215,6 +227,24 @@ def plan_memory(
         sequence_length=length,
         max_batch_size=kv_budget // (per_token * length),
     )
+
+
+def pod_memory_bytes(spec: InferenceServiceSpec, budget: MemoryBudget) -> int:
+    """The runtime pod's memory request and limit: `runtime.memory` when the spec sets it, else
+    the weights on the host while they load plus the runtime's overhead. The loader streams
+    (one tensor in flight), but the weights are counted whole: reading the checkpoint fills the
+    page cache, which the pod's memory cgroup is charged for, and a checkpoint stored in a wider
+    dtype than it is served in is larger still than `weights_bytes`."""
+    if spec.runtime.memory is not None:
+        return quantity_bytes(spec.runtime.memory)
+    if spec.model.source.startswith("sim:"):
+        return SIM_POD_MEMORY_BYTES
+    return budget.weights_bytes + RUNTIME_OVERHEAD_BYTES
+
+
+def mebibytes(num_bytes: int) -> str:
+    """A Kubernetes quantity of whole MiB, rounded up."""
+    return f"{-(-num_bytes // 2**20)}Mi"
 
 
 def gib(num_bytes: int) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from wok_operator.api import InferenceServiceSpec
-from wok_operator.budget import MemoryBudget
+from wok_operator.budget import MemoryBudget, mebibytes, pod_memory_bytes
 
 RUNTIME_PORT = 8000
 ADMIN_TOKEN_KEY = "token"
@@ -131,6 +131,7 @@ def desired_deployment(
     """The runtime Deployment: GPU pods running `wok runtime serve`, probed, locked down."""
     labels = common_labels(name)
     gpus = str(spec.runtime.gpus_per_pod)
+    memory = mebibytes(pod_memory_bytes(spec, budget))
     volumes: list[dict[str, Any]] = [
         {
             "name": "admin-token",
@@ -184,10 +185,10 @@ def desired_deployment(
         "resources": {
             "requests": {
                 "cpu": spec.runtime.cpu,
-                "memory": spec.runtime.memory,
+                "memory": memory,
                 "nvidia.com/gpu": gpus,
             },
-            "limits": {"memory": spec.runtime.memory, "nvidia.com/gpu": gpus},
+            "limits": {"memory": memory, "nvidia.com/gpu": gpus},
         },
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **probe_port},
