@@ -10,12 +10,21 @@ STAMP := $(VENV)/.installed
 
 all: test
 
-$(STAMP): pyproject.toml
+# One stamp per set of extras: `make demo` installs only what the demo runs, the rest all of dev.
+# torch is a multi-GB wheel: installed once, then reused (pip sees it satisfied).
+define install_extras
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@# torch is a multi-GB wheel: installed once, then reused (pip sees it satisfied)
-	$(PY) -m pip install -q -e '.[dev]'
-	@touch $(STAMP)
+	$(PY) -m pip install -q -e '.[$(1)]'
+	@touch $@
+endef
+
+$(STAMP): pyproject.toml
+	$(call install_extras,dev)
+
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml
+	$(call install_extras,demo)
 
 venv: $(STAMP)
 
@@ -42,7 +51,7 @@ lint: venv
 crds: venv
 	$(WOK) crds > crds/wok.dev_inferenceservices.yaml
 
-demo: venv
+demo: $(DEMO_STAMP)
 	$(WOK) demo
 
 clean:
