@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from wok.cli import build_parser
 from wok_cluster.backed_pod import emulate_gpu
+from wok_cluster.devenv import operator_argv
 from wok_cluster.expand import expand, field_ref
 from wok_cluster.netutil import pick_pod_octet, require_loopback
 from wok_cluster.nodes import gpu_node, pod_cidr
@@ -98,3 +100,16 @@ def test_a_cuda_runtime_pod_runs_on_the_emulated_nodes_cpu():
     ]
     assert emulate_gpu(["--device", "cuda:0", "--x"]) == ["--device", "cpu", "--x"]
     assert emulate_gpu(["--device=sim", "--profile=sim:x"]) == ["--device=sim", "--profile=sim:x"]
+
+
+def test_wok_dev_operator_runs_the_operator_with_the_dev_clusters_flags():
+    state = {"prometheus": "http://127.0.0.1:9099", "kubeconfig": "/k"}
+    argv = operator_argv(state, namespace="team-a", liveness_port=8123, extra=["--verbose"])
+    args = build_parser().parse_args(argv)  # the operator's own parser accepts them all
+    assert (args.namespace, args.prometheus_url) == (["team-a"], "http://127.0.0.1:9099")
+    assert args.pod_label == ["wok.dev/backed=true"]
+    assert (args.standalone, args.metrics_port) == (True, 0)
+    assert args.liveness == "http://127.0.0.1:8123/healthz"
+    assert args.log_format == "plain" and args.verbose
+    dev = build_parser().parse_args(["dev", "operator", "-n", "x", "--", "--verbose"])
+    assert (dev.namespace, dev.operator_args) == ("x", ["--", "--verbose"])

@@ -1,4 +1,5 @@
-"""`wok dev up|down|status|kubeconfig|build` (and `wok dev backer`, which `up` runs detached).
+"""`wok dev up|down|status|kubeconfig|build|operator` (and `wok dev backer`, which `up` runs
+detached).
 
 Heavy imports stay inside the handlers so `wok --help` stays fast.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 from typing import Any
 
@@ -32,6 +35,14 @@ def register(commands: Any) -> None:
     sub.add_parser("build", help="build the pinned control-plane binaries").set_defaults(
         func=_build
     )
+    operator = sub.add_parser(
+        "operator",
+        help="run `wok operator run` against this cluster with the flags it needs "
+        "(flags after -- are passed on)",
+    )
+    operator.add_argument("-n", "--namespace", default="default", help="watch (default: default)")
+    operator.add_argument("operator_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    operator.set_defaults(func=_operator)
     backer = sub.add_parser("backer", help="run the pod backer in the foreground (used by up)")
     backer.add_argument("--kubeconfig", required=True)
     backer.add_argument("--state-dir", required=True)
@@ -88,6 +99,22 @@ def _kubeconfig(args: argparse.Namespace) -> int:
         return 1
     print(state["kubeconfig"])
     return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from wok.cli import main
+    from wok_cluster.devenv import DevEnvironment, operator_argv
+    from wok_cluster.netutil import free_port
+
+    state = DevEnvironment().load()
+    if state is None:
+        print("wok dev operator: not up (run `wok dev up`)", file=sys.stderr)
+        return 1
+    extra = [a for a in args.operator_args if a != "--"]
+    argv = operator_argv(state, namespace=args.namespace, liveness_port=free_port(), extra=extra)
+    print(f"# KUBECONFIG={state['kubeconfig']} {shlex.join(['wok', *argv])}", file=sys.stderr)
+    os.environ["KUBECONFIG"] = state["kubeconfig"]
+    return main(argv)
 
 
 def _build(args: argparse.Namespace) -> int:

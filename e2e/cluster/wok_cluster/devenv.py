@@ -11,14 +11,36 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from wok_cluster.backer import kill_leftover_pods
+from wok_cluster.backer import SELECTOR, kill_leftover_pods
 from wok_cluster.binaries import BUILT, KEDA, cache_dir, ensure_built
 from wok_cluster.netutil import release_host_address
 from wok_cluster.process import ProcessRecord, Supervisor, is_ours
+
+
+def operator_argv(
+    state: dict[str, Any], *, namespace: str, liveness_port: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """`wok operator run` against the dev cluster: its Prometheus, only pods the backer runs
+    (the harness-only label), no leader election, no metrics port, its liveness endpoint on a
+    loopback port (the default, 0.0.0.0:8080, is often taken on a workstation), plain logs;
+    `extra` last, so a flag given there wins."""
+    return [
+        "operator",
+        "run",
+        f"--namespace={namespace}",
+        f"--prometheus-url={state['prometheus']}",
+        f"--pod-label={SELECTOR}",
+        "--standalone",
+        "--metrics-port=0",
+        f"--liveness=http://127.0.0.1:{liveness_port}/healthz",
+        "--log-format=plain",
+        *extra,
+    ]
 
 
 def default_state_dir() -> Path:
