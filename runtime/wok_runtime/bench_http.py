@@ -51,6 +51,7 @@ class RequestResult:
     expected_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
     error: str | None = None
+    body: str | None = None  # the start of a non-200 answer's body (its error code)
 
     @property
     def ok(self) -> bool:
@@ -116,7 +117,7 @@ def trace_specs(
     return specs
 
 
-async def _one(
+async def send_completion(
     client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec, rng: random.Random
 ) -> RequestResult:
     result = RequestResult(expected_tokens=spec.output_len)
@@ -134,7 +135,7 @@ async def _one(
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             result.status = response.status_code
             if response.status_code != 200:
-                await response.aread()
+                result.body = (await response.aread())[:500].decode(errors="replace")
                 return result
             done = False
             async for line in response.aiter_lines():
@@ -213,9 +214,9 @@ async def run_bench(
             await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - start)))
             if semaphore is not None:
                 async with semaphore:
-                    results[i] = await _one(client, url, model, spec, rng)
+                    results[i] = await send_completion(client, url, model, spec, rng)
             else:
-                results[i] = await _one(client, url, model, spec, rng)
+                results[i] = await send_completion(client, url, model, spec, rng)
             if bar is not None:
                 bar.update(1)
 

@@ -68,10 +68,13 @@ class Binaries:
         return self.directory / "keda-config"
 
 
-def kubectl(kubeconfig: str | Path, *args: str) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    kubeconfig: str | Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Runs the cluster's kubectl against `kubeconfig`; the caller checks the result."""
     return subprocess.run(
         [_on_path("kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         check=False,
