@@ -101,11 +101,13 @@ def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                     raise ValueError(f"tensor {name!r} appears in more than one shard")
                 seen.add(name)
                 start, end = info["data_offsets"]
-                buffer = torch.empty(end - start, dtype=torch.uint8)
+                data = bytearray(end - start)  # the tensor shares it (no numpy, no copy)
                 f.seek(base + start)
-                if f.readinto(memoryview(buffer.numpy())) != end - start:
+                if f.readinto(data) != len(data):
                     raise ValueError(f"{file_name}: tensor {name!r} is truncated")
-                yield name, buffer.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+                empty = torch.empty(0, dtype=torch.uint8)
+                raw = torch.frombuffer(data, dtype=torch.uint8) if data else empty
+                yield name, raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
     if weight_map is not None:
         missing = weight_map.keys() - seen
         if missing:
