@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 WOK := $(VENV)/bin/wok
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-fast lint crds demo tools cluster-bin clean
+.PHONY: all venv test test-fast lint crds demo tools cluster-bin image clean
 
 all: test
 
@@ -37,8 +37,17 @@ tools:
 cluster-bin:
 	@if [ -x e2e/cluster/build.sh ]; then e2e/cluster/build.sh; fi
 
-test: venv tools cluster-bin
+test: venv tools cluster-bin image
 	$(PY) -m pytest -q
+
+# The operator and runtime images (docs/images.md): podman/buildah/mmdebstrap from Debian, a
+# bookworm base from Debian's packages, torch's wheels once into ~/.cache/wok/wheels; then
+# oci-archives under build/images/. Warm (layer cache): seconds.
+IMAGE_TOOLS := podman buildah mmdebstrap runc skopeo uidmap fuse-overlayfs
+image: venv
+	@for tool in podman buildah mmdebstrap runc skopeo; do command -v $$tool >/dev/null || exit 1; done || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_TOOLS); }
+	$(PY) -m wok_cluster.images
 
 test-fast: venv
 	$(PY) -m pytest -q tests/unit
