@@ -1,4 +1,6 @@
-"""One backed pod: its containers as local processes and the pod status the kubelet would report."""
+"""One backed pod: its containers as local processes (or, for a pod labelled
+`wok.dev/container=true`, as podman containers from their images: podman_container.py) and the
+pod status the kubelet would report."""
 
 from __future__ import annotations
 
@@ -9,10 +11,18 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from wok_cluster.container import Container, LaunchSpec, now_rfc3339
 from wok_cluster.expand import expand, field_ref, resource_field_ref
+from wok_cluster.images import ImageError
 from wok_cluster.kubeapi import KubeApi, KubeError
+from wok_cluster.podman_container import (
+    PodmanContainer,
+    container_launch,
+    container_name,
+    wants_containers,
+)
 from wok_cluster.process import RUN_MARKER
 from wok_cluster.volumes import VolumeError, materialize, mount_table, rewrite
 
@@ -71,7 +81,14 @@ class BackedPod:
         self.uid: str = pod["metadata"]["uid"]
         self.directory = directory
         policy = pod["spec"].get("restartPolicy", "Always")
-        self.containers = [Container(spec, policy) for spec in pod["spec"]["containers"]]
+        # container mode (podman_container.py) on request; else each container is a process
+        self.in_containers = wants_containers(pod)
+        self.containers = [
+            PodmanContainer(spec, policy, name=container_name(pod, spec["name"]))
+            if self.in_containers
+            else Container(spec, policy)
+            for spec in pod["spec"]["containers"]
+        ]
         self.started = False
         self.terminating = False
         self._transitions: dict[str, tuple[str, str]] = {}
@@ -101,10 +118,15 @@ class BackedPod:
         self._next_try = time.monotonic() + RETRY_SECONDS
         try:
             volume_dirs = materialize(api, self.pod, self.directory / "volumes")
-            launches = [self._launch(api, c.spec, volume_dirs) for c in self.containers]
+            launch = self._container_launch if self.in_containers else self._launch
+            launches = [launch(api, c.spec, volume_dirs) for c in self.containers]
         except (VolumeError, KubeError, ValueError) as error:
             for container in self.containers:
                 container.fail_config("CreateContainerConfigError", str(error))
+            return
+        except ImageError as error:
+            for container in self.containers:
+                container.fail_config("ErrImageNeverPull", str(error))
             return
         for container, launch in zip(self.containers, launches, strict=True):
             if launch.argv:
@@ -112,7 +134,8 @@ class BackedPod:
             else:
                 container.fail_config(
                     "CreateContainerError",
-                    "no command: images are not run here, a backed container needs `command`",
+                    "no command: a process-mode container needs `command` (or label the pod "
+                    "wok.dev/container=true to run its image)",
                 )
         self.started = True
 
@@ -184,13 +207,7 @@ class BackedPod:
     ) -> LaunchSpec:
         mounts = mount_table(spec, volume_dirs)
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-        env["HOSTNAME"] = self.pod["metadata"]["name"]
-        for source in spec.get("envFrom", []):
-            env |= {
-                (source.get("prefix", "") + k): v for k, v in self._env_from(api, source).items()
-            }
-        for var in spec.get("env", []):
-            env[var["name"]] = rewrite(self._env_value(api, spec, var, env), mounts)
+        env = self._env(api, spec, env, mounts)
         argv = [
             rewrite(expand(arg, env), mounts)
             for arg in [*spec.get("command", []), *spec.get("args", [])]
@@ -206,6 +223,47 @@ class BackedPod:
             log=self.directory / f"{name}.log",
             pid_file=self.directory / f"{name}.pid",
         )
+
+    def _container_launch(
+        self, api: KubeApi, spec: Mapping[str, Any], volume_dirs: Mapping[str, Path]
+    ) -> LaunchSpec:
+        """Container mode: the pod's own env (no host variables), paths as the pod names them."""
+        server = urlsplit(api.server)
+        # what the kubelet injects: in-cluster clients find the apiserver (here its real address)
+        env = {
+            "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(server.port or 443),
+        }
+        env = self._env(api, spec, env, {})
+        command = [expand(arg, env) for arg in spec.get("command", [])]
+        args = [expand(arg, env) for arg in spec.get("args", [])]
+        return container_launch(
+            pod=self.pod,
+            spec=spec,
+            env=env,
+            command=command[:1] + emulate_gpu(command[1:]),
+            args=emulate_gpu(args),
+            volume_dirs=volume_dirs,
+            directory=self.directory,
+            owner=str(self.directory.parent.parent),
+        )
+
+    def _env(
+        self,
+        api: KubeApi,
+        spec: Mapping[str, Any],
+        env: dict[str, str],
+        mounts: Mapping[str, Path],
+    ) -> dict[str, str]:
+        """`env` with the pod's HOSTNAME, envFrom and env (values expanded, paths rewritten)."""
+        env["HOSTNAME"] = self.pod["metadata"]["name"]
+        for source in spec.get("envFrom", []):
+            env |= {
+                (source.get("prefix", "") + k): v for k, v in self._env_from(api, source).items()
+            }
+        for var in spec.get("env", []):
+            env[var["name"]] = rewrite(self._env_value(api, spec, var, env), mounts)
+        return env
 
     def _env_value(
         self, api: KubeApi, spec: Mapping[str, Any], var: Mapping[str, Any], env: Mapping[str, str]

@@ -5,6 +5,8 @@ has assigned their loopback pod IP). For each one the backer runs the containers
 with the pod's env, downward-API values and volumes (see volumes.py), reports status like the
 kubelet (Running, Ready from the real readinessProbe, restarts, exit codes), and on deletion stops
 the processes (SIGTERM, SIGKILL after the grace period) and then removes the pod.
+A pod labelled `wok.dev/container=true` runs its images instead, with podman (container mode,
+podman_container.py).
 
 Runs as its own process (`wok dev backer`), so the pod processes are never children of pytest.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from wok_cluster.backed_pod import BackedPod
 from wok_cluster.kubeapi import STRATEGIC_PATCH, KubeApi, KubeError
+from wok_cluster.podman_container import remove_leftovers
 from wok_cluster.process import ProcessRecord, stop_recorded
 
 BACKED_LABEL = "wok.dev/backed"
@@ -46,6 +49,7 @@ class PodBacker:
 
     def run(self) -> None:
         kill_leftover_pods(self.state_dir)
+        remove_leftovers(str(self.state_dir))
         watcher = threading.Thread(target=self._watch, name="pod-watch", daemon=True)
         watcher.start()
         if not self._listed.wait(timeout=60):
@@ -188,6 +192,7 @@ class PodBacker:
         for thread in self._terminations.values():
             thread.join(timeout=35)
         kill_leftover_pods(self.state_dir)
+        remove_leftovers(str(self.state_dir))
 
 
 def kill_leftover_pods(state_dir: Path) -> list[int]:
