@@ -85,6 +85,12 @@ def test_chart_operator_and_runtime_run_from_the_images(
         response = httpx.post(url, json=body, timeout=60)
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 6
+        # the operator's own log (the backer keeps it per pod): in-cluster, and allowed all it did
+        meta = operator["metadata"]
+        pod_dir = f"{system}_{meta['name']}_{meta['uid'][:8]}"
+        log = (wok_cluster.backer_dir / "pods" / pod_dir / "operator.log").read_text()
+        assert "reconciled: batch" in log, log[-3000:]
+        assert "Forbidden" not in log and "403" not in log, log[-3000:]
     finally:
         kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true", "--timeout=120s")
         uninstall = [helm, f"--kubeconfig={kc}", "uninstall", RELEASE, f"--namespace={system}"]
