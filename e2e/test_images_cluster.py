@@ -26,7 +26,7 @@ IN_CONTAINERS = {"wok.dev/backed": "true", "wok.dev/container": "true"}
 def current_images() -> None:
     """Both images current with the checkout (a warm rebuild: `make test` ran `make image`)."""
     try:
-        images.build_all(archives=False)
+        images.build_all(archives=())
     except images.ImageError as error:
         pytest.fail(f"the images cannot be built here: {error}")
 
