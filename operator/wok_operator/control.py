@@ -392,13 +392,15 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     if in_flight is not None and last is not None and last_at is not None and now > last_at:
         growth = max(0.0, in_flight - last) / (now - last_at)
     capacity = _capacity_per_replica(heading, obs, p)
-    # Compute-saturated: requests have queued for a while although the pods have free batch
-    # slots (prefill, the step's token budget or KV hold them back). A passing queue is noise:
-    # the completions then are the arrivals, not what a pod can do. A queue behind a binding cap
-    # is the batch's to fix, and a rate measured there says nothing of a larger batch.
+    # Saturated: requests have queued for a while although the pods have free batch slots
+    # (prefill, the step's token budget or KV hold them back), or behind a cap that can rise no
+    # further (the memory cap, or TPOT binds it). A passing queue is noise: the completions then
+    # are the arrivals, not what a pod can do. A queue behind a cap that can still rise is the
+    # batch's to fix, and a rate measured there says nothing of a larger batch.
     queue_long = obs.queue_per_replica > p.target_queue + p.deadband  # type: ignore[operator]
+    final_cap = batch >= p.batch_cap or tpot_bound
     saturated_since = None
-    if queue_long and not _cap_binds(batch, obs):
+    if queue_long and (final_cap or not _cap_binds(batch, obs)):
         saturated_since = state.saturated_since if state.saturated_since is not None else now
     saturated = saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     demand = _demand(

@@ -424,6 +424,42 @@ def test_the_batch_rises_as_the_cap_binds_before_any_pod_is_added():
     assert d.replicas == 1 and d.desired_replicas == 1  # 30 of 0.6 · 200 slots
 
 
+def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
+    """Decode-heavy traffic: the batch is at B_mem and still requests queue. The cap can rise no
+    further, so what the pods complete is what they can do, and arrivals size the fleet (the
+    slots alone said the cap's 200 per pod would hold it, and the fleet collapsed)."""
+    params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
+    state = LoopState(batch=200, replicas=2)
+    for now in (0.0, 10.0):
+        o = Observation(
+            queue_per_replica=40,
+            kv_usage=0.5,
+            ready_replicas=2,
+            pending_replicas=0,
+            running_per_replica=200,  # the cap binds at B_mem
+            finished_per_s=20.0,
+            rejected_per_s=0.0,
+        )
+        d = decide(state, o, params, now)
+        state = d.state
+    assert state.service_rate == 10.0  # 20 completions/s over 2 pods at their final cap
+    # slots: 480 seqs over 0.5 · 200 → 5; throughput: (20 + 80 / 60) / (0.5 · 10) → 5
+    assert d.desired_replicas == 5, d.reason
+    # Below its cap the same queue is the batch's to fix: the batch rises, nothing is learnt.
+    below = LoopState(batch=100, replicas=2)
+    for now in (0.0, 10.0):
+        o = Observation(
+            queue_per_replica=40,
+            kv_usage=0.2,
+            ready_replicas=2,
+            pending_replicas=0,
+            running_per_replica=below.batch,
+            finished_per_s=20.0,
+        )
+        below = decide(below, o, params, now).state
+    assert 100 < below.batch < 200 and below.service_rate is None
+
+
 def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
     """Prefill-heavy traffic: the queue grows with most batch slots free. Once it has lasted the
     scale-up window, the completions are what a pod can do, and arrivals size the fleet."""
