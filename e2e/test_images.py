@@ -84,6 +84,16 @@ def test_the_operator_image_has_no_torch(built_images):
     assert "operator" in version
 
 
+@pytest.mark.parametrize("image", images.IMAGES, ids=lambda image: image.name)
+def test_the_build_secret_is_not_left_in_the_image(built_images, image):
+    history = images.podman("history", "--no-trunc", "--format={{.CreatedBy}}", image.tag).stdout
+    assert "--mount=type=secret,id=hostca" in history  # pip did read it during the build
+    done = images.podman(
+        "run", "--rm", "--entrypoint=ls", image.tag, "/run/secrets/hostca", check=False
+    )
+    assert done.returncode != 0 and "No such file" in done.stderr
+
+
 def test_chart_and_crd_defaults_are_the_tags_make_image_produces():
     from wok_operator.api import RuntimeSpec
 
