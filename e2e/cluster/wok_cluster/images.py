@@ -215,7 +215,9 @@ def build(image: Image, context: Path, *, wheels: Path, torch: str) -> None:
         raise ImageError(f"no host CA bundle at {HOST_CA}")
     argv = ["podman", "build", "--layers", f"--file={image.containerfile}", f"--tag={image.tag}"]
     argv += [f"--secret=id=hostca,src={HOST_CA}", f"--build-arg=BASE={BASE}"]
-    argv += [f"--build-arg=VERSION={version()}", f"--build-arg=REVISION={revision()}"]
+    # labels that change with each commit: given here, not as ARGs (see the Containerfiles)
+    argv += [f"--label=org.opencontainers.image.version={version()}"]
+    argv += [f"--label=org.opencontainers.image.revision={revision()}"]
     if image is RUNTIME:
         argv += [f"--volume={wheels}:/wheels:ro", f"--build-arg=TORCH={torch}"]
     _run([*argv, str(context)], timeout=3600)
