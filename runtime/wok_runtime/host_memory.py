@@ -63,13 +63,15 @@ def _cgroup_room(self_cgroup: Path, root: Path) -> int | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         rel = path.lstrip("/")
+        # Without a cgroup namespace a container sees the host's path here while its own cgroup
+        # is mounted at the root of the hierarchy: the mount's root is a candidate too.
         if controllers == "":  # cgroup v2 (unified; under unified/ on a hybrid host)
             for base in (root, root / "unified"):
-                candidates.append((base / rel, "memory.max", "memory.current"))
+                for directory in {base / rel, base}:
+                    candidates.append((directory, "memory.max", "memory.current"))
         elif "memory" in controllers.split(","):
-            candidates.append(
-                (root / "memory" / rel, "memory.limit_in_bytes", "memory.usage_in_bytes")
-            )
+            for directory in {root / "memory" / rel, root / "memory"}:
+                candidates.append((directory, "memory.limit_in_bytes", "memory.usage_in_bytes"))
     rooms = []
     for directory, limit_name, usage_name in candidates:
         try:

@@ -48,6 +48,15 @@ def test_the_default_is_a_share_of_free_memory_capped() -> None:
             id="v1-limit-on-a-hybrid-host",
         ),
         pytest.param(
+            "4:memory:/host/path/of/the/container\n",
+            {
+                "memory/memory.limit_in_bytes": f"{2 * GIB}",
+                "memory/memory.usage_in_bytes": f"{GIB // 2}",
+            },
+            GIB + GIB // 2,
+            id="v1-container-without-a-cgroup-namespace",
+        ),
+        pytest.param(
             "4:memory:/\n",
             {
                 "memory/memory.limit_in_bytes": "9223372036854771712",
