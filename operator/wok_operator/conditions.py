@@ -16,6 +16,7 @@ MEMORY_BOUND = "MemoryBound"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 PODS_PENDING = "PodsPending"
 SLO_UNATTAINABLE = "SLOUnattainable"
+KV_BUDGET_MATCHED = "KVBudgetMatched"
 
 Status = Literal["True", "False", "Unknown"]
 

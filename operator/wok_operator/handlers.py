@@ -34,6 +34,7 @@ from wok_operator.loop import (
     pod_view,
     state_from_status,
     with_batch_lane,
+    with_kv_budget,
 )
 from wok_operator.resources import (
     MANAGED_BY,
@@ -314,13 +315,17 @@ class ServiceTick:
         knob that moved. Returns whether this write was the heartbeat."""
         decision = result.decision
         now = cond.now_iso()
+        generation = self.body.get("metadata", {}).get("generation")
         patch = decision_status(
             decision,
             result.observation,
             previous_conditions=status.get("conditions"),
-            generation=self.body.get("metadata", {}).get("generation"),
+            generation=generation,
             now=now,
             metrics_error=metrics_error,
+        )
+        patch = with_kv_budget(
+            patch, result.signals or ServiceSignals(), generation=generation, now=now
         )
         if result.backlog is not None:
             patch = with_batch_lane(patch, result.backlog, now=now)

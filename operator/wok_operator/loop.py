@@ -16,9 +16,9 @@ from typing import Any
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec, LoopMemory
 from wok_operator.backlog import Backlog, backlog_need, compose
-from wok_operator.budget import MemoryBudget
+from wok_operator.budget import MemoryBudget, gib
 from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
-from wok_operator.signals import ServiceSignals
+from wok_operator.signals import KV_BUDGET_TOLERANCE, ServiceSignals
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class TickResult:
     observation: Observation
     decision: Decision
     backlog: Backlog | None = None
+    signals: ServiceSignals | None = None  # what the tick observed (the record step reads it)
 
 
 def batch_lane_backlog(
@@ -120,7 +121,7 @@ def control_tick(
     decision = law(state, obs, params, now)
     backlog = batch_lane_backlog(spec, signals, obs)
     decision = compose(decision, backlog, before=state, obs=obs, params=params, now=now)
-    return TickResult(params, obs, decision, backlog)
+    return TickResult(params, obs, decision, backlog, signals)
 
 
 def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:
@@ -265,6 +266,45 @@ def decision_status(
         ).model_dump(by_alias=True),
         "conditions": conditions,
     }
+
+
+def with_kv_budget(
+    patch: dict[str, Any], signals: ServiceSignals, *, generation: int | None, now: str
+) -> dict[str, Any]:
+    """The tick's status patch (`decision_status`) with the `KVBudgetMatched` condition: False
+    when a GPU pod measured a room for its KV pool more than `KV_BUDGET_TOLERANCE` away from the
+    budget it was given (the budget's inputs are wrong for the node), Unknown while no GPU pod
+    reports both figures (CPU and `sim:` pods measure no device)."""
+    ratio, budget = signals.kv_measured_ratio, signals.kv_budget_bytes
+    if ratio is None or budget is None:
+        status: bool | cond.Status = "Unknown"
+        reason, message = "NotMeasured", "no GPU pod reports its measured KV room yet"
+    else:
+        # In whole bytes, as the runtime compares them (a ratio of 1.1 is not "more than 10 %").
+        measured, given = round(ratio * budget), round(budget)
+        status = abs(measured - given) <= KV_BUDGET_TOLERANCE * given
+        reason = "MeasuredRoomMatches" if status else "MeasuredRoomDiffers"
+        apart = "within" if status else "more than"
+        message = (
+            f"a pod measured {gib(measured)} ({measured} bytes) free for its KV pool after "
+            f"loading, against the budget's {gib(given)} ({given} bytes): "
+            f"{ratio:.2f}x, {apart} {100 * KV_BUDGET_TOLERANCE:.0f} %"
+        )
+        if not status:
+            message += (
+                "; the pool keeps the budget: check spec.runtime.gpuMemory, memory.reserve and "
+                "the model's architecture against this node"
+            )
+    patch["conditions"] = cond.set_condition(
+        patch.get("conditions"),
+        cond.KV_BUDGET_MATCHED,
+        status,
+        reason,
+        message,
+        generation=generation,
+        now=now,
+    )
+    return patch
 
 
 def with_batch_lane(patch: dict[str, Any], backlog: Backlog, *, now: str) -> dict[str, Any]:

@@ -37,6 +37,14 @@ BATCH_LANE_WAITING = "wok_batch_lane_requests_waiting"
 BATCH_LANE_RUNNING = "wok_batch_lane_requests_running"
 BATCH_LANE_PENDING_TOKENS = "wok_batch_lane_pending_tokens"
 BATCH_LANE_GENERATION_TOKENS = "wok_batch_lane_generation_tokens_total"
+# The KV pool a GPU pod was given (the budget) and the room it measured for it after loading
+# (the runtime's kv_memory.py). A CPU pod's measured figure is a share of host memory, not of a
+# device, so only the CUDA series are read.
+KV_BUDGET_BYTES = "wok_kv_cache_budget_bytes"
+KV_MEASURED_BYTES = "wok_kv_cache_measured_bytes"
+KV_DEVICE_SELECTOR = '{device="cuda"}'
+#: How far the measured room may be from the budget (the runtime's `KV_BUDGET_TOLERANCE`).
+KV_BUDGET_TOLERANCE = 0.10
 
 
 def _p99(histogram: str, window: str, *, misses_count: bool) -> str:
@@ -73,7 +81,20 @@ def round_queries(windows: Iterable[int]) -> dict[str, str]:
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
     queries |= batch_lane_queries(windows)
+    queries |= kv_budget_queries()
     return queries
+
+
+def kv_budget_queries() -> dict[str, str]:
+    """The GPU pods' KV budget and measured room ÷ budget at both ends of the service's pods
+    (the worst is whichever is farther from 1), by signal name (pure)."""
+    budget = f"{KV_BUDGET_BYTES}{KV_DEVICE_SELECTOR}"
+    ratio = f"{KV_MEASURED_BYTES}{KV_DEVICE_SELECTOR} / {budget}"
+    return {
+        "kv_budget_bytes": f"max by ({GROUP}) ({budget})",
+        "kv_measured_ratio_min": f"min by ({GROUP}) ({ratio})",
+        "kv_measured_ratio_max": f"max by ({GROUP}) ({ratio})",
+    }
 
 
 def batch_lane_queries(windows: Iterable[int]) -> dict[str, str]:
@@ -120,6 +141,9 @@ class ServiceSignals:
     batch_requests: float | None = None  # the batch lane's waiting + running
     batch_pending_tokens: float | None = None
     batch_tokens_per_s: float | None = None
+    kv_budget_bytes: float | None = None  # the GPU pods' KV pool (the largest, if they differ)
+    # Measured room ÷ budget of the GPU pod farthest from 1 (None: no GPU pod reports it).
+    kv_measured_ratio: float | None = None
 
 
 @dataclass
@@ -148,7 +172,17 @@ class Round:
             batch_requests=get("batch_requests"),
             batch_pending_tokens=get("batch_pending_tokens"),
             batch_tokens_per_s=get(f"batch_token_rate:{window}"),
+            kv_budget_bytes=get("kv_budget_bytes"),
+            kv_measured_ratio=farthest_from_one(
+                get("kv_measured_ratio_min"), get("kv_measured_ratio_max")
+            ),
         )
+
+
+def farthest_from_one(*ratios: float | None) -> float | None:
+    """The ratio that is farthest from 1 (the worst pod's), None when there is none."""
+    known = [r for r in ratios if r is not None]
+    return max(known, key=lambda r: abs(r - 1.0)) if known else None
 
 
 def fetch_round(url: str, queries: dict[str, str], timeout_s: float = 5.0) -> Round:

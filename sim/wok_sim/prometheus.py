@@ -41,6 +41,9 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "tpot": ITL_BUCKETS,
 }
 COUNTERS = ("success", "rejected", "prompt_tokens", "generation_tokens")
+# A simulated pod has no device to disagree with its KV budget: it measures exactly what it was
+# given (ratio 1). The profiles count KV tokens, not bytes, so the budget is a unit.
+SIMULATED_KV_BUDGET_BYTES = 1.0
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float:
@@ -202,6 +205,9 @@ class EmulatedPrometheus:
             # The simulated fleet serves online traffic only: its batch lane is always empty.
             put("batch_requests", 0.0)
             put("batch_pending_tokens", 0.0)
+            put("kv_budget_bytes", SIMULATED_KV_BUDGET_BYTES)
+            put("kv_measured_ratio_min", 1.0)
+            put("kv_measured_ratio_max", 1.0)
         for window in self.windows:
             rates = self._rates(now, window)
             if rates is None:

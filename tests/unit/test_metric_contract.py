@@ -45,3 +45,11 @@ def test_budget_presets_of_builtin_models_match_the_runtime(tmp_path):
             return arch.model_copy(update={"head_dim": arch.resolved_head_dim})
 
         assert resolved(runtime) == resolved(budget), name
+
+
+def test_the_kv_budget_check_reads_the_runtimes_gauges_with_its_tolerance():
+    from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE
+
+    assert signals.KV_BUDGET_TOLERANCE == KV_BUDGET_TOLERANCE
+    for constant in (signals.KV_BUDGET_BYTES, signals.KV_MEASURED_BYTES):
+        assert METRICS[constant].kind == "gauge" and "device" in METRICS[constant].labels

@@ -216,9 +216,9 @@ def test_missing_metrics_set_metrics_unavailable():
 
 
 def test_one_round_is_a_constant_number_of_queries():
-    assert len(round_queries([60])) == 14
-    assert len(round_queries([60, 60])) == 14
-    assert len(round_queries([60, 120])) == 22
+    assert len(round_queries([60])) == 17
+    assert len(round_queries([60, 60])) == 17
+    assert len(round_queries([60, 120])) == 25
     for query in round_queries([60]).values():
         assert "by (namespace, service" in query
 
