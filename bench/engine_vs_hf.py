@@ -27,6 +27,7 @@ import platform
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,133 @@ def wok_run(
     return result
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """One workload of the comparison and its baseline (`bench/gpu_check.py` runs them too)."""
+
+    key: str
+    workload: str  # what the report says it is
+    requests: list[BenchRequest]
+    batch: int
+    baseline: str  # "hf-static": HF generate in static batches of `batch`; "wok-serial"
+    target: str
+
+
+def build_scenarios(
+    names: set[str],
+    *,
+    vocab: int,
+    seed: int,
+    num_requests: int = 64,
+    trace_requests: int = 32,
+    equal_output_len: int = 32,
+    trace: Path = TRACE,
+) -> list[Scenario]:
+    """The workloads (a), (b), (c) of the module docstring, those in `names` ("a", "b", "c")."""
+    out = []
+    if "a" in names:
+        reqs = synthetic_workload(
+            num_requests=num_requests,
+            input_len=(16, 64),
+            output_len=(8, 128),
+            request_rate=math.inf,
+            vocab_size=vocab,
+            seed=seed,
+        )
+        workload = (
+            f"{len(reqs)} requests, prompts 16-64, outputs 8-128 tokens, all at once, 16 slots"
+        )
+        out.append(
+            Scenario(
+                "a_mixed_lengths",
+                workload,
+                reqs,
+                16,
+                "hf-static",
+                ">= 2x HF generate static batches",
+            )
+        )
+    if "b" in names:
+        reqs = synthetic_workload(
+            num_requests=32,
+            input_len=(32, 32),
+            output_len=(equal_output_len, equal_output_len),
+            request_rate=math.inf,
+            vocab_size=vocab,
+            seed=seed + 1,
+        )
+        workload = f"32 requests, 32 prompt + {equal_output_len} output tokens each, batch 32"
+        out.append(
+            Scenario("b_equal_lengths", workload, reqs, 32, "hf-static", ">= 1x HF generate")
+        )
+    if "c" in names:
+        reqs = trace_workload(
+            trace,
+            num_requests=trace_requests,
+            max_model_len=MAX_MODEL_LEN,
+            speedup=math.inf,
+            vocab_size=vocab,
+            seed=seed,
+        )
+        workload = (
+            f"first {len(reqs)} requests of the Azure 2023 code trace, prompts scaled so the "
+            f"longest is {MAX_MODEL_LEN // 2} tokens, outputs kept (clipped to fit), all at "
+            f"once; mean prompt {sum(len(r.prompt_token_ids) for r in reqs) / len(reqs):.0f}, "
+            f"mean output {sum(r.max_tokens for r in reqs) / len(reqs):.0f} tokens"
+        )
+        out.append(Scenario("c_azure_code_trace", workload, reqs, 16, "wok-serial", ">= 4x serial"))
+    return out
+
+
+def run_scenario(
+    runner: ModelRunner, hf, scenario: Scenario, *, with_wok_static: bool = False
+) -> tuple[dict[str, Any], HFRun | None]:
+    """wok continuous against the scenario's baseline: its report, and HF's run (if any)."""
+    reqs, batch = scenario.requests, scenario.batch
+    if scenario.baseline == "wok-serial":
+        rows = [
+            wok_run(runner, reqs, mode="continuous", batch=batch, tokens=None),
+            wok_run(runner, reqs, mode="serial", batch=1, tokens=None),
+        ]
+        speedup = rows[0]["output_tokens_per_s"] / rows[1]["output_tokens_per_s"]
+        result = {
+            "workload": scenario.workload,
+            "rows": rows,
+            "speedup_continuous_vs_serial": speedup,
+            "target": scenario.target,
+        }
+        return result, None
+    prompts, wants = [r.prompt_token_ids for r in reqs], [r.max_tokens for r in reqs]
+    wok_tokens: dict[int, list[int]] = {}
+    rows = [wok_run(runner, reqs, mode="continuous", batch=batch, tokens=wok_tokens)]
+    static = hf_static_generate(hf, prompts, wants, batch_size=batch)
+    rows.append(hf_row(static, len(reqs), batch))
+    if with_wok_static:
+        rows.append(wok_run(runner, reqs, mode="static", batch=batch, tokens=None))
+    result = {
+        "workload": scenario.workload,
+        "rows": rows,
+        "speedup_vs_hf_static": rows[0]["output_tokens_per_s"] / rows[1]["output_tokens_per_s"],
+        "target": scenario.target,
+        "greedy_agreement_with_hf": agreement(wok_tokens, static.outputs),
+    }
+    return result, static
+
+
+def warm_up(runner: ModelRunner, hf) -> None:
+    """First calls pay one-off allocation and dispatch costs: pay them before timing."""
+    warm = synthetic_workload(
+        num_requests=4,
+        input_len=(8, 16),
+        output_len=(4, 4),
+        request_rate=math.inf,
+        vocab_size=runner.config.vocab_size,
+        seed=99,
+    )
+    wok_run(runner, warm, mode="continuous", batch=4, tokens=None)
+    hf_static_generate(hf, [r.prompt_token_ids for r in warm], [4] * 4, batch_size=4)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:smollm2-135m")
@@ -122,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--with-wok-static", action="store_true", help="(a): also wok static")
     args = parser.parse_args(argv)
-    scenarios = set(args.scenarios.split(","))
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     began = time.monotonic()
@@ -137,18 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=2048,
     )
     hf = load_hf_model(args.model)
-    vocab = runner.config.vocab_size
-    # Warm both up (first calls pay one-off allocation and dispatch costs).
-    warm = synthetic_workload(
-        num_requests=4,
-        input_len=(8, 16),
-        output_len=(4, 4),
-        request_rate=math.inf,
-        vocab_size=vocab,
-        seed=99,
-    )
-    wok_run(runner, warm, mode="continuous", batch=4, tokens=None)
-    hf_static_generate(hf, [r.prompt_token_ids for r in warm], [4] * 4, batch_size=4)
+    warm_up(runner, hf)
 
     report: dict[str, Any] = {
         "command": shlex.join(
@@ -159,106 +275,52 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "scenarios": {},
     }
-
-    if "a" in scenarios:
-        reqs = synthetic_workload(
-            num_requests=args.num_requests,
-            input_len=(16, 64),
-            output_len=(8, 128),
-            request_rate=math.inf,
-            vocab_size=vocab,
-            seed=args.seed,
+    scenarios = build_scenarios(
+        set(args.scenarios.split(",")),
+        vocab=runner.config.vocab_size,
+        seed=args.seed,
+        num_requests=args.num_requests,
+        trace_requests=args.trace_requests,
+        equal_output_len=args.equal_output_len,
+    )
+    for scenario in scenarios:
+        mixed = scenario.key == "a_mixed_lengths"
+        result, static = run_scenario(
+            runner, hf, scenario, with_wok_static=mixed and args.with_wok_static
         )
-        prompts, wants = [r.prompt_token_ids for r in reqs], [r.max_tokens for r in reqs]
-        wok_tokens: dict[int, list[int]] = {}
-        rows = [wok_run(runner, reqs, mode="continuous", batch=16, tokens=wok_tokens)]
-        static = hf_static_generate(hf, prompts, wants, batch_size=16)
-        rows.append(hf_row(static, len(reqs), 16))
-        if args.with_wok_static:
-            rows.append(wok_run(runner, reqs, mode="static", batch=16, tokens=None))
-        notes = {"greedy_agreement_with_hf": agreement(wok_tokens, static.outputs)}
-        if not args.no_hf_continuous:
-            try:
-                # Its duration includes the manager's one-off setup; a one-request run first
-                # measures that setup, so the reader can subtract it.
-                setup = hf_continuous_generate(hf, prompts[:1], [1], max_batch=16)
-                notes["hf_continuous_setup_s"] = setup.duration_s
-                cb = hf_continuous_generate(
-                    hf, prompts, wants, max_batch=16, timeout_s=args.hf_continuous_timeout
-                )
-                rows.append(hf_row(cb, len(reqs), 16))
-                notes["hf_continuous_greedy_agreement_with_hf_static"] = sum(
-                    a == b for a, b in zip(cb.outputs, static.outputs, strict=True)
-                ) / len(reqs)
-            except Exception as error:  # report, never hide: the comparison is then missing
-                notes["hf_continuous"] = f"not measured: {error!r}"[:300]
-        report["scenarios"]["a_mixed_lengths"] = {
-            "workload": (
-                f"{len(reqs)} requests, prompts 16-64, outputs 8-128 tokens, all at once, 16 slots"
-            ),
-            "rows": rows,
-            "speedup_vs_hf_static": rows[0]["output_tokens_per_s"] / rows[1]["output_tokens_per_s"],
-            "target": ">= 2x HF generate static batches",
-            **notes,
-        }
-        print(format_table(rows), file=sys.stderr)
-
-    if "b" in scenarios:
-        reqs = synthetic_workload(
-            num_requests=32,
-            input_len=(32, 32),
-            output_len=(args.equal_output_len, args.equal_output_len),
-            request_rate=math.inf,
-            vocab_size=vocab,
-            seed=args.seed + 1,
-        )
-        prompts, wants = [r.prompt_token_ids for r in reqs], [r.max_tokens for r in reqs]
-        wok_tokens = {}
-        rows = [wok_run(runner, reqs, mode="continuous", batch=32, tokens=wok_tokens)]
-        static = hf_static_generate(hf, prompts, wants, batch_size=32)
-        rows.append(hf_row(static, len(reqs), 32))
-        report["scenarios"]["b_equal_lengths"] = {
-            "workload": (
-                f"32 requests, 32 prompt + {args.equal_output_len} output tokens each, batch 32"
-            ),
-            "rows": rows,
-            "speedup_vs_hf_static": rows[0]["output_tokens_per_s"] / rows[1]["output_tokens_per_s"],
-            "target": ">= 1x HF generate",
-            "greedy_agreement_with_hf": agreement(wok_tokens, static.outputs),
-        }
-        print(format_table(rows), file=sys.stderr)
-
-    if "c" in scenarios:
-        reqs = trace_workload(
-            TRACE,
-            num_requests=args.trace_requests,
-            max_model_len=MAX_MODEL_LEN,
-            speedup=math.inf,
-            vocab_size=vocab,
-            seed=args.seed,
-        )
-        rows = [
-            wok_run(runner, reqs, mode="continuous", batch=16, tokens=None),
-            wok_run(runner, reqs, mode="serial", batch=1, tokens=None),
-        ]
-        report["scenarios"]["c_azure_code_trace"] = {
-            "workload": (
-                f"first {len(reqs)} requests of the Azure 2023 code trace, prompts scaled so the "
-                f"longest is {MAX_MODEL_LEN // 2} tokens, outputs kept (clipped to fit), all at "
-                f"once; mean prompt {sum(len(r.prompt_token_ids) for r in reqs) / len(reqs):.0f}, "
-                f"mean output {sum(r.max_tokens for r in reqs) / len(reqs):.0f} tokens"
-            ),
-            "rows": rows,
-            "speedup_continuous_vs_serial": (
-                rows[0]["output_tokens_per_s"] / rows[1]["output_tokens_per_s"]
-            ),
-            "target": ">= 4x serial",
-        }
-        print(format_table(rows), file=sys.stderr)
+        if mixed and static is not None and not args.no_hf_continuous:
+            result |= hf_continuous_rows(hf, scenario, static, result["rows"], args)
+        report["scenarios"][scenario.key] = result
+        print(format_table(result["rows"]), file=sys.stderr)
 
     report["wall_s"] = time.monotonic() - began
     write_outputs(report, Path(args.out))
     return 0
+
+
+def hf_continuous_rows(
+    hf, scenario: Scenario, static: HFRun, rows: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """(a) also against transformers' own continuous batching, when it runs here: appends its
+    row to `rows` and returns the notes."""
+    prompts = [r.prompt_token_ids for r in scenario.requests]
+    wants = [r.max_tokens for r in scenario.requests]
+    notes: dict[str, Any] = {}
+    try:
+        # Its duration includes the manager's one-off setup; a one-request run first
+        # measures that setup, so the reader can subtract it.
+        setup = hf_continuous_generate(hf, prompts[:1], [1], max_batch=scenario.batch)
+        notes["hf_continuous_setup_s"] = setup.duration_s
+        cb = hf_continuous_generate(
+            hf, prompts, wants, max_batch=scenario.batch, timeout_s=args.hf_continuous_timeout
+        )
+        rows.append(hf_row(cb, len(prompts), scenario.batch))
+        notes["hf_continuous_greedy_agreement_with_hf_static"] = sum(
+            a == b for a, b in zip(cb.outputs, static.outputs, strict=True)
+        ) / len(prompts)
+    except Exception as error:  # report, never hide: the comparison is then missing
+        notes["hf_continuous"] = f"not measured: {error!r}"[:300]
+    return notes
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> None:

@@ -43,8 +43,15 @@ class HFRun:
         return self.useful_tokens / self.duration_s
 
 
-def load_hf_model(source: str, *, attn_implementation: str = "sdpa", dtype: str = "float32"):
-    """LlamaForCausalLM from a wok model source (builtin:NAME or a directory)."""
+def load_hf_model(
+    source: str,
+    *,
+    attn_implementation: str = "sdpa",
+    dtype: str = "float32",
+    device: str | None = None,
+):
+    """LlamaForCausalLM from a wok model source (builtin:NAME or a directory), on `device`
+    (default: where transformers puts it, the CPU)."""
     from transformers import LlamaForCausalLM
 
     from wok_runtime.loader import resolve_source
@@ -53,6 +60,8 @@ def load_hf_model(source: str, *, attn_implementation: str = "sdpa", dtype: str 
     model = LlamaForCausalLM.from_pretrained(
         str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation
     )
+    if device is not None:
+        model = model.to(device)
     return model.eval()
 
 
@@ -97,10 +106,12 @@ def hf_static_generate(
             mask[row, width - len(ids) :] = 1
         longest = max(n for _, n in batch)
         out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
+            input_ids=input_ids.to(model.device),
+            attention_mask=mask.to(model.device),
             generation_config=_greedy_config(longest, pad_token_id),
         )
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)  # the clock stops when the GPU is done
         done = time.perf_counter() - start  # every request of a static batch ends together
         slots += len(batch) * longest
         for row, (_, n) in enumerate(batch):
