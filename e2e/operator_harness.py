@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
+from wok_cluster.binaries import kubectl_path
 from wok_cluster.netutil import free_port
 from wok_cluster.process import RUN_MARKER
 from wok_cluster.waiting import GiveUp, wait_until
@@ -29,7 +30,7 @@ WOK = str(Path(sys.executable).parent / "wok")
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
     result = subprocess.run(
-        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+        [kubectl_path(), f"--kubeconfig={kubeconfig}", *args],
         input=stdin,
         capture_output=True,
         text=True,

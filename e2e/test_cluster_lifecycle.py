@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from wok_cluster.binaries import kubectl_path
 from wok_cluster.kubeapi import KubeApi
 from wok_cluster.process import command_line, processes_marked
 from wok_cluster.waiting import wait_until
@@ -41,7 +42,7 @@ def test_wok_dev_up_and_down_leave_no_process(wok_binaries, tmp_path):
         assert up.stdout.strip() == f"export KUBECONFIG={kubeconfig}"
         assert _wok_dev(env, "status").returncode == 0
         nodes = subprocess.run(
-            ["kubectl", f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "name"],
+            [kubectl_path(), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "name"],
             capture_output=True,
             text=True,
             check=True,

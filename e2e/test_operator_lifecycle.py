@@ -20,6 +20,8 @@ from operator_harness import (
     wait_for,
 )
 
+from wok_cluster.binaries import kubectl_path
+
 pytestmark = pytest.mark.e2e
 
 MINIMAL = ROOT / "examples" / "minimal.yaml"
@@ -214,7 +216,7 @@ def test_schema_rejects_bad_specs_with_the_cel_message(crds, wok_namespace):
         "spec": {"batching": {"minBatchSize": 8, "maxBatchSize": 4, "initialBatchSize": 4}},
     }
     result = subprocess.run(
-        ["kubectl", f"--kubeconfig={crds}", "apply", "-n", wok_namespace, "-f", "-"],
+        [kubectl_path(), f"--kubeconfig={crds}", "apply", "-n", wok_namespace, "-f", "-"],
         input=yaml.safe_dump(doc),
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries of wok's test cluster from the Go module proxy:
-#   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd, kwok, helm,
+#   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), kubectl, etcd, kwok, helm,
 #   prometheus (Debian's package is built without Kubernetes service discovery), and KEDA's
 #   operator and metrics adapter (with the release's config/: CRDs, RBAC, into keda-config/).
 # Each tool is a tiny Go module under e2e/cluster/go/<name>/ whose committed go.mod and go.sum pin
@@ -27,6 +27,7 @@ tools=(
   "kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver"
   "kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager"
   "kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler"
+  "kubectl kubectl wok.dev/cluster/kubectl"
   "etcd etcd go.etcd.io/etcd/server/v3"
   "kwok kwok sigs.k8s.io/kwok/cmd/kwok"
   "helm helm helm.sh/helm/v3/cmd/helm"
@@ -41,7 +42,7 @@ tools=(
 module_version() { awk -v m="$2" '$1 == "require" && $2 == m {print $3}' "$mods/$1/go.mod"; }
 x_flags() {
   case "$1" in
-    kubernetes)
+    kubernetes | kubectl)
       local major minor pkg=k8s.io/component-base/version
       IFS=. read -r major minor _ <<<"${k8s_version#v}"
       echo "-X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor" \

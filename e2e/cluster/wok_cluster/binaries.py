@@ -1,9 +1,11 @@
 """Where the cluster's upstream binaries live, and building them (build.sh) when they are missing.
 
 The version directory comes from e2e/cluster/go/kubernetes/go.mod, the one place it is pinned.
-Prometheus is built too: Debian's package (`make tools`, still the source of promtool) is compiled
-without Kubernetes service discovery, which the harness needs. So is KEDA (operator and metrics
-adapter), whose release manifests (CRDs, RBAC) build.sh copies next to the binaries.
+kubectl is built at the control plane's release, so nothing depends on the kubectl a machine
+happens to have. Prometheus is built too: Debian's package (`make tools`, still the source of
+promtool) is compiled without Kubernetes service discovery, which the harness needs. So is KEDA
+(operator and metrics adapter), whose release manifests (CRDs, RBAC) build.sh copies next to the
+binaries.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ BUILT = (
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "kubectl",
     "kwok",
     "helm",
     "prometheus",
@@ -60,7 +63,7 @@ class Binaries:
 
     @property
     def kubectl(self) -> str:
-        return _on_path("kubectl")
+        return self["kubectl"]
 
     @property
     def keda_config(self) -> Path:
@@ -73,13 +76,19 @@ def kubectl(
 ) -> subprocess.CompletedProcess[str]:
     """Runs the cluster's kubectl against `kubeconfig`; the caller checks the result."""
     return subprocess.run(
-        [_on_path("kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        [kubectl_path(), f"--kubeconfig={kubeconfig}", *args],
         input=stdin,
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
     )
+
+
+def kubectl_path() -> str:
+    """The kubectl built with the control plane (the same release), else the one on PATH."""
+    built = bin_dir() / "kubectl"
+    return str(built) if os.access(built, os.X_OK) else _on_path("kubectl")
 
 
 def _on_path(name: str) -> str:

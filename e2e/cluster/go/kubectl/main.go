@@ -1,0 +1,15 @@
+// kubectl as upstream's cmd/kubectl builds it (k8s.io/kubernetes/cmd/kubectl/kubectl.go).
+package main
+
+import (
+	"k8s.io/component-base/cli"
+	"k8s.io/kubectl/pkg/cmd"
+	"k8s.io/kubectl/pkg/cmd/util"
+)
+
+func main() {
+	command := cmd.NewDefaultKubectlCommand()
+	if err := cli.RunNoErrOutput(command); err != nil {
+		util.CheckErr(err)
+	}
+}
