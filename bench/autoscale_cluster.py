@@ -306,6 +306,7 @@ class Fleet:
     pod_seconds_total: float = 0.0  # until the last answer
     timeline: list[dict[str, Any]] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
+    send_late: list[float] = field(default_factory=list)  # s after the arrival, first attempts
     _last: tuple[float, int] | None = None
 
     def list_pods(self) -> list[dict]:
@@ -399,6 +400,7 @@ async def replay(
         nonlocal done
         await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - started)))
         result = RequestResult(expected_tokens=spec.output_len, error="no ready pod")
+        attempts = 0
         for _ in range(3):
             ip = fleet.pick()
             if ip is None:
@@ -406,6 +408,9 @@ async def replay(
                 continue
             fleet.outstanding[ip] = fleet.outstanding.get(ip, 0) + 1
             late = time.perf_counter() - started - spec.send_at
+            if not attempts:  # how late the client itself was (a starved event loop)
+                fleet.send_late.append(late)
+            attempts += 1
             try:
                 result = await send_completion(client, f"http://{ip}:8000", MODEL, spec, rng)
             finally:
@@ -473,6 +478,8 @@ def summarize(results: list[RequestResult], fleet: Fleet, s: Settings) -> dict[s
             for r in results
             if not r.ok and r.status != 429
         ).most_common(5),
+        "client_send_late_p50_s": statistics.median(fleet.send_late) if fleet.send_late else None,
+        "client_send_late_p99_s": p99(fleet.send_late),
         "load_avg_median": statistics.median(fleet.load) if fleet.load else None,
         "load_avg_max": max(fleet.load, default=None),
     }
@@ -754,18 +761,22 @@ def write_markdown(data: dict[str, Any]) -> str:
         "",
         "Wall time: the whole run (namespace, fleet start, replay, read-out); the machine's "
         "1-minute load average sampled every second during the replay (2 cores, shared with "
-        "other work).",
+        "other work); client late: how long after its arrival the client sent a request (its "
+        "own event loop's lag, counted in the latencies); run beside: the runs of the same "
+        "invocation that shared the cluster and the cores at the same time.",
         "",
         "| policy | date (UTC) | wall s | replay s | fleet ready s | load avg median / max |"
-        " requests | initial R | HPA rescales |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " client late P99 s | run beside | requests | initial R | HPA rescales |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for policy in ordered:
         r = runs[policy]
         rescales = len(r.get("hpa_rescales", [])) if "hpa_rescales" in r else "–"
+        beside = ", ".join(r.get("parallel_with", [])) or "–"
         lines.append(
             f"| {policy} | {r['date']} | {r['wall_s']:.0f} | {r['replay_s']:.0f} | "
             f"{r['fleet_ready_s']:.0f} | {r['load_avg_median']:.2f} / {r['load_avg_max']:.2f} | "
+            f"{sec(r.get('client_send_late_p99_s'))} | {beside} | "
             f"{r['requests']} | {r['initial_replicas']} | {rescales} |"
         )
     notes = data.get("notes", [])
