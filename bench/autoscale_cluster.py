@@ -845,6 +845,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sim-only", action="store_true", help="the simulator's twins only")
     p.add_argument("--replace", action="store_true", help="drop the results file's old runs")
     p.add_argument("--note", action="append", default=[], help="a line for the notes")
+    p.add_argument(
+        "--rewrite", action="store_true", help="only add the notes and rewrite .md and .png"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "autoscale_cluster")
     args = p.parse_args(argv)
     policies = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
@@ -880,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     twins = sorted({t for x in policies if (t := SIM_TWIN[x]) is not None})
+    if args.rewrite:
+        policies, twins = (), []
+        args.sim_only = True
     if twins:
         print(f"simulating {', '.join(twins)}", file=sys.stderr, flush=True)
         sims, sim_command = simulate(settings, slice_csv, twins)
@@ -969,7 +975,7 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             print(f"failed: {errors}", file=sys.stderr)
     data.setdefault("commands", [])
-    if command not in data["commands"]:
+    if command not in data["commands"] and not args.rewrite:
         data["commands"].append(command)
     data.setdefault("notes", [])
     data["notes"] += [n for n in args.note if n not in data["notes"]]
