@@ -90,7 +90,7 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
 def test_queue_timeout_is_a_503_naming_the_reason(tmp_path: Path):
     # Also a server without an admin token: its admin API is disabled (403), with or without one.
     server = start_server(
-        tmp_path, "--max-batch-size", "1", "--queue-timeout", "0.3", admin_token=None
+        tmp_path, "--max-batch-size", "1", "--queue-timeout", "0.1", admin_token=None
     )
     try:
         for headers in ({}, {"Authorization": "Bearer anything-at-all"}):
