@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,6 +79,16 @@ def reconciled(kc: Path, ns: str, name: str) -> bool:
         wis.get("status", {}).get("observedGeneration") == wis.get("metadata", {}).get("generation")
         and get_json(kc, "deployment", f"{name}-runtime", "-n", ns) is not None
     )
+
+
+# An RBAC refusal as the API client or Kopf logs it; a bare "403" would also match host names
+# and timestamps ("vm_53e4030d").
+_DENIED = re.compile(r"Forbidden|forbidden|\(403\)|\b(?:status|code|HTTP)[ =:]*403\b")
+
+
+def access_denials(log: str) -> list[str]:
+    """The log's lines that report a request the apiserver refused."""
+    return [line for line in log.splitlines() if _DENIED.search(line)]
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:

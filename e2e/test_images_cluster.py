@@ -10,7 +10,16 @@ import subprocess
 import httpx
 import pytest
 import yaml
-from operator_harness import NO_PROMETHEUS, ROOT, get_json, kubectl, reconciled, service, wait_for
+from operator_harness import (
+    NO_PROMETHEUS,
+    ROOT,
+    access_denials,
+    get_json,
+    kubectl,
+    reconciled,
+    service,
+    wait_for,
+)
 
 from wok_cluster import images
 from wok_cluster.netutil import free_port
@@ -90,7 +99,7 @@ def test_chart_operator_and_runtime_run_from_the_images(
         pod_dir = f"{system}_{meta['name']}_{meta['uid'][:8]}"
         log = (wok_cluster.backer_dir / "pods" / pod_dir / "operator.log").read_text()
         assert "reconciled: batch" in log, log[-3000:]
-        assert "Forbidden" not in log and "403" not in log, log[-3000:]
+        assert not access_denials(log), log[-3000:]
     finally:
         kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true", "--timeout=120s")
         uninstall = [helm, f"--kubeconfig={kc}", "uninstall", RELEASE, f"--namespace={system}"]
