@@ -456,6 +456,7 @@ class LoopMemory(ApiModel):
     in_flight_at: float | None = None
     saturated_since: float | None = None
     queued_since: float | None = None
+    breached_since: float | None = None
 
 
 class BatchLaneStatus(ApiModel):

@@ -165,6 +165,7 @@ class LoopState:
     in_flight_at: float | None = None
     saturated_since: float | None = None  # since when pods queue with free batch slots
     queued_since: float | None = None  # since when requests have queued past Q* at every tick
+    breached_since: float | None = None  # since when P99 TTFT has been above its SLO at every tick
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,11 @@ def _known(value: float | None) -> bool:
 
 def _above(value: float | None, limit: float | None) -> bool:
     return limit is not None and _known(value) and value > limit  # type: ignore[operator]
+
+
+def _since(start: float | None, now: float) -> float:
+    """When a condition that holds now began: its recorded start, else now (0 is a time too)."""
+    return now if start is None else start
 
 
 def _quiet_since(last: float | None, now: float, window: float) -> bool:
@@ -401,18 +407,30 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     final_cap = batch >= p.batch_cap or tpot_bound
     saturated_since = None
     if queue_long and (final_cap or not _cap_binds(batch, obs)):
-        saturated_since = state.saturated_since if state.saturated_since is not None else now
-    saturated = saturated_since is not None and now - saturated_since >= p.scale_up_window_s
+        saturated_since = _since(state.saturated_since, now)
+    ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
+    queueing = obs.queue_per_replica > 0  # type: ignore[operator]
+    breached_since = _since(state.breached_since, now) if ttft_breached else None
+    # A TTFT breach that outlasts a window's memory of one spike, while requests still wait behind
+    # free batch slots, is a pod at what it can serve within the SLO: long prompts wait for their
+    # prefill, few but heavy, and never make the queue long. Its completions teach μ too.
+    slo_bound = (
+        breached_since is not None
+        and now - breached_since >= p.slo_window_s + p.scale_up_window_s
+        and queueing
+        and not _cap_binds(batch, obs)
+    )
+    saturated = slo_bound or (
+        saturated_since is not None and now - saturated_since >= p.scale_up_window_s
+    )
     demand = _demand(
         capacity, obs, p, saturated=saturated, service_rate=state.service_rate, growth=growth
     )
     desired = p.clip_replicas(demand.replicas)
-    ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
     tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
-    queueing = obs.queue_per_replica > 0  # type: ignore[operator]
     # The windowed P99 remembers a spike for a window after its queue drained: only a queue past
     # Q* that lasts says the fleet is short now (a pod added for a spike gone arrives idle).
-    queued_since = (state.queued_since or now) if queue_long else None
+    queued_since = _since(state.queued_since, now) if queue_long else None
     queue_lasts = queued_since is not None and now - queued_since >= p.scale_up_window_s
     # Latency breaches that no batch step can fix: queueing (TTFT) or step time from load (TPOT
     # below the cap). One more pod, once the last one could show in the windowed P99.
@@ -424,11 +442,11 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     # while it keeps asking for fewer (the stabilized scale-down); a new episode starts afresh.
     up_since = up_target = down_since = down_target = None
     if desired > replicas:
-        up_since = state.up_since if state.up_since is not None else now
+        up_since = _since(state.up_since, now)
         up_target = desired if state.up_since is None else min(desired, state.up_target or desired)
         up_target = max(up_target, replicas + 1)
     elif desired < replicas:
-        down_since = state.down_since if state.down_since is not None else now
+        down_since = _since(state.down_since, now)
         down_target = (
             desired if state.down_since is None else max(desired, state.down_target or desired)
         )
@@ -512,6 +530,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         in_flight_at=now if in_flight is not None else None,
         saturated_since=saturated_since,
         queued_since=queued_since,
+        breached_since=breached_since,
     )
     kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
     return Decision(

@@ -495,3 +495,43 @@ def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
     )
     held = decide(later.state, calm, params, now=500)
     assert held.desired_replicas == 6  # 12 / (0.5 · 4)
+
+
+def test_a_ttft_breach_that_outlasts_a_window_with_requests_waiting_teaches_the_slo_rate():
+    """Long prompts: one or two requests wait per pod, never a long queue, and P99 TTFT stays
+    above its SLO. Once the breach has outlasted a window's memory of one spike (SLO window +
+    scale-up window), the completions are what a pod serves within the SLO, and they size the
+    fleet; a breach gone within that time teaches nothing."""
+    params = default_params(scale_up_window_s=10, slo_window_s=60, target_utilization=0.5)
+
+    def heavy(queue: float, ttft: float) -> Observation:
+        return Observation(
+            queue_per_replica=queue,
+            kv_usage=0.2,
+            ready_replicas=4,
+            pending_replicas=0,
+            running_per_replica=12,
+            p99_ttft_seconds=ttft,
+            p99_tpot_seconds=0.05,
+            finished_per_s=8.0,
+        )
+
+    state, decision = LoopState(batch=64, replicas=4), None
+    for now in range(0, 70, 5):  # 65 s of breach: within one spike's memory
+        decision = decide(state, heavy(1.0, 4.0), params, now)
+        state = decision.state
+    assert decision is not None and decision.state.service_rate is None
+    assert decision.replicas == 4, decision.reason
+    decision = decide(state, heavy(1.0, 4.0), params, 70)
+    assert decision.state.service_rate == 2.0  # 8 completions/s over 4 pods
+    # 8 completions + 4 waiting / 60 s ≈ 8.07 req/s over 0.5 · 2/pod → 9 pods, added once demand
+    # has asked for them for the scale-up window
+    assert decision.desired_replicas == 9, decision.reason
+    assert decide(decision.state, heavy(1.0, 4.0), params, 80).replicas == 4 + 4  # max_step
+    # The same breach with nobody waiting (the window still holds a drained spike) teaches nothing.
+    drained = LoopState(batch=64, replicas=4, breached_since=0.0)
+    assert decide(drained, heavy(0.0, 4.0), params, 200).state.service_rate is None
+    # Nor does one that went away in between: the breach must hold at every tick.
+    broken = decide(drained, heavy(1.0, 1.0), params, 195).state
+    assert broken.breached_since is None
+    assert decide(broken, heavy(1.0, 4.0), params, 200).state.service_rate is None
