@@ -100,6 +100,19 @@ class Kube:
             raise
         return scale.spec.replicas
 
+    def service_replicas(self, service: str, namespace: str) -> int | None:
+        """The InferenceService's spec.replicas, read through the scale subresource that
+        kubectl scale, an HPA or KEDA write (None: the service is gone)."""
+        try:
+            scale = self.custom.get_namespaced_custom_object_scale(
+                GROUP, VERSION, namespace, PLURAL, service
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return int(scale.get("spec", {}).get("replicas") or 0)
+
     def scale(self, service: str, namespace: str, replicas: int) -> None:
         self.apps.patch_namespaced_deployment_scale(
             runtime_name(service),

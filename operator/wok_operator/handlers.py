@@ -290,7 +290,8 @@ class ServiceTick:
         export_service_metrics(self.key, spec, result)
         ensure_leading(self.wok)
         heartbeat = await self.record(status, plan, result, metrics_error)
-        await self.act(result.decision, pods, heartbeat=heartbeat)
+        external = spec.scaling.replicas == "external"
+        await self.act(result.decision, pods, heartbeat=heartbeat, external=external)
 
     async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None]:
         url = spec.metrics.prometheus_url or self.wok.config.prometheus_url
@@ -348,7 +349,9 @@ class ServiceTick:
                 kopf.info(self.body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
         return heartbeat
 
-    async def act(self, decision: Decision, pods: list[PodView], *, heartbeat: bool) -> None:
+    async def act(
+        self, decision: Decision, pods: list[PodView], *, heartbeat: bool, external: bool = False
+    ) -> None:
         """The world follows the decision: the ConfigMap, the Deployment's replicas, the pods."""
         kube = self.wok.kube
         if decision.batch != decision.batch_before:
@@ -356,9 +359,14 @@ class ServiceTick:
         if decision.replicas != self.memo.scaled_to or heartbeat:
             # Read before writing: someone may have scaled by hand; the law's number wins.
             current = await asyncio.to_thread(kube.deployment_replicas, self.name, self.namespace)
-            if current is not None and current != decision.replicas:
-                await asyncio.to_thread(kube.scale, self.name, self.namespace, decision.replicas)
-            self.memo.scaled_to = decision.replicas if current is not None else None
+            target: int | None = decision.replicas
+            if external and current is not None and current != target:
+                # The owner (an HPA, KEDA, kubectl scale) may have written the service since this
+                # tick read it: its latest count goes to the Deployment, never an older one back.
+                target = await asyncio.to_thread(kube.service_replicas, self.name, self.namespace)
+            if current is not None and target is not None and current != target:
+                await asyncio.to_thread(kube.scale, self.name, self.namespace, target)
+            self.memo.scaled_to = target if current is not None else None
         await _push_to_pods(
             self.wok,
             self.memo,
