@@ -574,12 +574,12 @@ def ms(x: float | None) -> str:
     return "–" if x is None else f"{1000 * x:.1f} ms"
 
 
-def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None) -> str:
+def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -> str:
     cores = r["cpu_cores_by_component"]
     lines = [
         "# Operator scale on active services (issue 11 §5)",
         "",
-        "Made by `bench/operator_scale.py` (raw figures in `operator_scale_active.json`):",
+        f"Made by `bench/operator_scale.py` (raw figures in `{raw}`):",
         "",
         f"```\n{r['command']}\n```",
         "",
@@ -719,7 +719,7 @@ def write(out: Path, result: dict[str, Any]) -> int:
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     paused_file = RESULTS / "operator_scale.json"
     paused = json.loads(paused_file.read_text()) if paused_file.exists() else None
-    markdown = write_markdown(result, paused)
+    markdown = write_markdown(result, paused, out.with_suffix(".json").name)
     out.with_suffix(".md").write_text(markdown)
     print(markdown)
     return 0
