@@ -25,8 +25,6 @@ STATIC = "static-peak,static-mean"
 AUTOSCALERS = (
     "wok,seed,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
 )
-# Loads of another shape than the code trace (no other public trace is stored here): smooth
-# decode-heavier ramps (512-token prompts, 128-token answers, exponential), TTFT and TPOT SLOs.
 PROFILE = "sim:llama-3-8b-80g"
 SHARED_TRACE = ROOT / "bench" / "traces" / "azure_llm_2023_code.csv"
 # Public traces the law was not designed on (bench/traces/README.md), run with its defaults and
@@ -36,6 +34,8 @@ HELD_OUT = {
     "Azure conversation trace (2023)": ROOT / "bench" / "traces" / "azure_llm_2023_conv.csv",
     "Mooncake conversation trace": ROOT / "bench" / "traces" / "mooncake_conversation.jsonl",
 }
+# Synthetic loads of another shape than the traces: smooth
+# decode-heavier ramps (512-token prompts, 128-token answers, exponential), TTFT and TPOT SLOs.
 SYNTHETIC = {
     "scripted ramps (512/128 tokens), 90 s pod start": (
         "script:300@2-20,600@20,300@20-2,300@2,300@2-30,300@30-5,600@5"

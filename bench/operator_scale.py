@@ -73,6 +73,7 @@ from wok_cluster.waiting import GiveUp, wait_until  # noqa: E402
 from wok_operator.resources import RUNTIME_PORT, SERVICE_LABEL  # noqa: E402
 from wok_operator.signals import round_queries  # noqa: E402
 from wok_runtime.bench_http import RequestSpec, send_completion  # noqa: E402
+from wok_sim.prometheus import histogram_quantile  # noqa: E402
 
 ROOT = BENCH.parent
 RESULTS = ROOT / "bench" / "results"
@@ -161,25 +162,13 @@ def buckets(page: dict[tuple[str, frozenset], float], histogram: str) -> dict[fl
     }
 
 
-def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None:
-    """PromQL's histogram_quantile on cumulative bucket counts {upper bound: count}: linear
-    interpolation inside the bucket where the rank falls; the highest finite bound when it falls
-    in +Inf."""
-    bounds = sorted(cumulative)
-    if not bounds or cumulative[bounds[-1]] <= 0:
-        return None
-    rank = q * cumulative[bounds[-1]]
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = cumulative[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                return lower
-            if count == below:
-                return bound
-            return lower + (bound - lower) * (rank - below) / (count - below)
-        lower, below = bound, count
-    return lower
+def tick_quantile(q: float, cumulative: dict[float, float]) -> float | None:
+    """PromQL's histogram_quantile (`wok_sim.prometheus.histogram_quantile`) on cumulative
+    bucket counts {upper bound: count, +Inf included}; None without observations."""
+    bounds = sorted(b for b in cumulative if not math.isinf(b))
+    counts = [cumulative[b] for b in bounds] + [cumulative.get(math.inf, 0.0)]
+    value = histogram_quantile(q, bounds, counts) if bounds else math.nan
+    return None if math.isnan(value) else value
 
 
 # --- the services and their trickle ------------------------------------------------------------
@@ -461,8 +450,8 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "operator_rss_peak_mib": round(m["memory"].get("VmHWM", 0) / 1024, 1),
         "service_ticks": int(ticks),
         "ticks_per_service_per_interval": round(ticks / args.services / intervals, 3),
-        "tick_p50_s": histogram_quantile(0.5, delta),
-        "tick_p99_s": histogram_quantile(0.99, delta),
+        "tick_p50_s": tick_quantile(0.5, delta),
+        "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
         "tick_buckets_window": {
             ("+Inf" if math.isinf(k) else f"{k:g}"): v for k, v in sorted(delta.items())

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from operator_harness import OperatorProcess, condition, get_json, install_crds, kubectl, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from replica_audit import Audit
 
 pytestmark = pytest.mark.e2e
 
@@ -341,78 +342,40 @@ def test_burst_then_quiet_then_tpot_breach(service):
     assert slo_targets(decisions) == {"ttft": TTFT_SLO_S, "tpot": tpot_slo_s}
 
 
-class ReplicaWrites:
-    """Every change of the runtime Deployment's spec.replicas, from a watch (a poll could miss a
-    write undone within its period), with the field manager that owns the field after it."""
-
-    def __init__(self, api, namespace: str) -> None:
-        self.api, self.namespace = api, namespace
-        self.changes: list[tuple[int, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        path = f"/apis/apps/v1/namespaces/{self.namespace}/deployments"
-        selector = {"fieldSelector": "metadata.name=loop-runtime"}
-        version = self.api.get(path, **selector)["metadata"]["resourceVersion"]
-        while not self._stop.is_set():
-            for event in self.api.watch(
-                path, resource_version=version, timeout_seconds=5, **selector
-            ):
-                deployment = event["object"]
-                version = deployment["metadata"]["resourceVersion"]
-                if event["type"] not in ("ADDED", "MODIFIED"):
-                    continue
-                replicas = deployment["spec"]["replicas"]
-                if not self.changes or self.changes[-1][0] != replicas:
-                    self.changes.append((replicas, self._owner(deployment)))
-
-    @staticmethod
-    def _owner(deployment: dict) -> str:
-        for entry in deployment["metadata"].get("managedFields", []):
-            if "f:replicas" in entry.get("fieldsV1", {}).get("f:spec", {}):
-                return entry["manager"]
-        return ""
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=15)
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("service", [EXTERNAL_SPEC], indirect=True)
 def test_an_external_owner_scales_while_wok_moves_only_the_batch(service, wok_cluster):
     kc, ns, operator, recorder = service
-    with wok_cluster.api() as api:
-        writes = ReplicaWrites(api, ns)
+    deployments = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    writes = Audit(wok_cluster, deployments, "loop-runtime")
+    try:
+        wait_for(lambda: ready_ips(kc, ns), "first runtime pod ready", 120)
+        # A burst that the law would meet with a second pod (see the test above): here the
+        # batch climbs to its cap and the replicas stay where their owner put them.
+        load = Load(lambda: ready_ips(kc, ns), workers=20, max_tokens=300, deadline_s=180)
         try:
-            wait_for(lambda: ready_ips(kc, ns), "first runtime pod ready", 120)
-            # A burst that the law would meet with a second pod (see the test above): here the
-            # batch climbs to its cap and the replicas stay where their owner put them.
-            load = Load(lambda: ready_ips(kc, ns), workers=20, max_tokens=300, deadline_s=180)
-            try:
-                wait_for(lambda: recorder.first(lambda s: s.batch == 6), "batch at its cap", 90)
-                assert all(s.replicas in (None, 1) for s in recorder.samples)
-                # The owner scales the InferenceService; the operator carries it to the
-                # Deployment and the batch holds at its cap on both pods.
-                kubectl(kc, "scale", "wis", "loop", "-n", ns, "--replicas=2")
-                wait_for(lambda: len(ready_ips(kc, ns)) == 2, "second pod ready", 120)
-                scaled_at = time.monotonic()
-            finally:
-                load.stop()
-            assert load.ok > 0 and not load.failures, load.failures[:5]
-            # Quiet for longer than the scale-down window: the law would go back to one pod.
-            time.sleep(SCALE_DOWN_WINDOW_S + 10)
-            for ip in ready_ips(kc, ns):
-                assert pod_batch_size(ip) == 6, ip
+            wait_for(lambda: recorder.first(lambda s: s.batch == 6), "batch at its cap", 90)
+            assert all(s.replicas in (None, 1) for s in recorder.samples)
+            # The owner scales the InferenceService; the operator carries it to the
+            # Deployment and the batch holds at its cap on both pods.
+            kubectl(kc, "scale", "wis", "loop", "-n", ns, "--replicas=2")
+            wait_for(lambda: len(ready_ips(kc, ns)) == 2, "second pod ready", 120)
+            scaled_at = time.monotonic()
         finally:
-            writes.stop()
+            load.stop()
+        assert load.ok > 0 and not load.failures, load.failures[:5]
+        # Quiet for longer than the scale-down window: the law would go back to one pod.
+        time.sleep(SCALE_DOWN_WINDOW_S + 10)
+        for ip in ready_ips(kc, ns):
+            assert pod_batch_size(ip) == 6, ip
+    finally:
+        writes.stop()
     after = [s for s in recorder.samples if s.t > scaled_at]
     assert after and all(s.replicas == 2 for s in after), distinct([s.replicas for s in after])
     # One write per owner decision, none back: no ping-pong between wok and the owner.
-    assert [replicas for replicas, _ in writes.changes] == [1, 2], writes.changes
-    assert writes.changes[-1][1] in ("wok-operator", "wok-autoscaler"), writes.changes
+    changes = writes.changes()
+    assert [v.replicas for v in changes] == [1, 2], changes
+    assert changes[-1].owners[0][0] in ("wok-operator", "wok-autoscaler"), changes
     assert 'knob="replicas"' not in "\n".join(
         line
         for line in operator.metrics().splitlines()

@@ -62,10 +62,6 @@ class Binaries:
         return self["prometheus"]
 
     @property
-    def kubectl(self) -> str:
-        return self["kubectl"]
-
-    @property
     def keda_config(self) -> Path:
         """The `config/` directory of the KEDA release the binaries were built from."""
         return self.directory / "keda-config"
