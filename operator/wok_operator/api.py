@@ -452,6 +452,8 @@ class LoopMemory(ApiModel):
     last_scale_up: float | None = None
     last_replica_change: float | None = None
     service_rate: float | None = None
+    service_parallelism: float | None = None
+    proven_rate: float | None = None
     in_flight: float | None = None
     in_flight_at: float | None = None
     saturated_since: float | None = None

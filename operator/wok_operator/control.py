@@ -161,6 +161,8 @@ class LoopState:
     last_scale_up: float | None = None
     last_replica_change: float | None = None
     service_rate: float | None = None  # requests/s a saturated pod completed, last measured
+    service_parallelism: float | None = None  # requests a pod served at once at that rate
+    proven_rate: float | None = None  # the most requests/s a pod has served within its SLOs
     in_flight: float | None = None  # requests in the pods (running + waiting) at the last tick
     in_flight_at: float | None = None
     saturated_since: float | None = None  # since when pods queue with free batch slots
@@ -309,6 +311,17 @@ class _Demand:
     replicas: int  # R*
     text: str
     service_rate: float | None  # requests/s one pod completes when saturated, last measured
+    service_parallelism: float | None  # the requests a pod served at once when μ was measured
+
+
+def pooled_replicas(load: float, utilization: float, parallelism: float | None) -> float:
+    """Pods for `load` pods' worth of work (λ/μ), with the headroom queueing needs.
+    `utilization` is the target for a pod that serves one request's bottleneck at a time (a
+    prefill pipeline): headroom load·(1/ρ − 1). A pod that serves N requests at once (N batch
+    slots bind) is N servers, and a pool of N servers needs 1/√N of that headroom for the same
+    chance of queueing (the square-root staffing rule), so a decode-bound pod runs near full."""
+    servers = max(1.0, parallelism or 1.0)
+    return load + load * (1.0 / utilization - 1.0) / math.sqrt(servers)
 
 
 def _demand(
@@ -317,7 +330,9 @@ def _demand(
     p: LawParams,
     *,
     saturated: bool,
+    cap_binds: bool,
     service_rate: float | None,
+    service_parallelism: float | None,
     growth: float,
 ) -> _Demand:
     """R* from two limits of a pod, whichever needs more pods:
@@ -327,7 +342,8 @@ def _demand(
       requests/s a pod completes when compute-saturated (a queue with free batch slots),
       measured then and remembered.
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
-      term sees them, and it keeps a scale-down from undoing what a burst taught."""
+      term sees them, and it keeps a scale-down from undoing what a burst taught. Its headroom
+      follows how many requests a pod served at once when μ was measured (`pooled_replicas`)."""
     ready, reporting = obs.ready_replicas, obs.reporting
     running = obs.running_per_replica if _known(obs.running_per_replica) else 0.0
     queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
@@ -338,30 +354,53 @@ def _demand(
     text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {p.target_utilization:g}"
     finished = obs.finished_per_s
     if not _known(finished) or finished <= 0:  # type: ignore[operator]
-        return _Demand(by_slots, text, service_rate)
+        return _Demand(by_slots, text, service_rate, service_parallelism)
 
     if saturated:
         # The windowed rate of a pod that saturated partway through the window reads low: keep
         # the best rate a saturated pod has shown (a mix that got slower saturates pods sooner,
         # and the TTFT rule adds pods for it).
         sample = finished / ready  # type: ignore[operator]
-        service_rate = sample if service_rate is None else max(service_rate, sample)
-    if service_rate is None:
-        return _Demand(by_slots, text, service_rate)
+        if service_rate is None or sample > service_rate:
+            service_rate = sample
+            # Batch slots that bind make the running set the pod's servers; free slots mean a
+            # serial bottleneck (prefill, the step's token budget) held it: one server.
+            service_parallelism = running if cap_binds else 1.0
+    if service_rate is None or service_rate <= 0:
+        return _Demand(by_slots, text, service_rate, service_parallelism)
     rejected = obs.rejected_per_s if _known(obs.rejected_per_s) else 0.0
     backlog = queue * reporting / p.slo_window_s if saturated else 0.0
     # Completions and refusals are rates over the SLO window and lag a burst; the growth of the
     # requests in flight is the tick's own view of the arrivals they have not caught up with.
     arrivals = finished + rejected + backlog + growth  # type: ignore[operator]
-    by_rate = math.ceil(arrivals / (p.target_utilization * service_rate) - 1e-9)
+    pods = pooled_replicas(arrivals / service_rate, p.target_utilization, service_parallelism)
+    by_rate = math.ceil(pods - 1e-9)
     if by_rate <= by_slots:
-        return _Demand(by_slots, text, service_rate)
+        return _Demand(by_slots, text, service_rate, service_parallelism)
     return _Demand(
         by_rate,
-        f"{arrivals:.1f} req/s to serve, {service_rate:.2f}/pod when saturated, at ρ "
-        f"{p.target_utilization:g}",
+        f"{arrivals:.1f} req/s to serve, {service_rate:.2f}/pod when saturated serving "
+        f"{service_parallelism or 1:.0f} at once, ρ {p.target_utilization:g}",
         service_rate,
+        service_parallelism,
     )
+
+
+def _proven(rate: float | None, obs: Observation, *, breached: bool) -> tuple[float | None, int]:
+    """The most requests/s a pod has served with TTFT and TPOT within their SLOs, and the fewest
+    pods that serve the current arrivals at that rate. A scale-down never goes below it: fewer
+    pods would each serve more than any pod has been seen to serve well (the slots alone say a
+    pod holds its whole batch cap, which a compute-bound pod never reaches)."""
+    finished = obs.finished_per_s
+    if not _known(finished) or finished <= 0:  # type: ignore[operator]
+        return rate, 0
+    if not breached:
+        sample = finished / obs.ready_replicas  # type: ignore[operator]
+        rate = sample if rate is None else max(rate, sample)
+    if rate is None or rate <= 0:
+        return rate, 0
+    rejected = obs.rejected_per_s if _known(obs.rejected_per_s) else 0.0
+    return rate, math.ceil((finished + rejected) / rate - 1e-9)  # type: ignore[operator]
 
 
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
@@ -424,10 +463,20 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
     demand = _demand(
-        capacity, obs, p, saturated=saturated, service_rate=state.service_rate, growth=growth
+        capacity,
+        obs,
+        p,
+        saturated=saturated,
+        cap_binds=_cap_binds(batch, obs),
+        service_rate=state.service_rate,
+        service_parallelism=state.service_parallelism,
+        growth=growth,
     )
     desired = p.clip_replicas(demand.replicas)
     tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
+    proven_rate, proven_floor = _proven(
+        state.proven_rate, obs, breached=ttft_breached or tpot_breached
+    )
     # The windowed P99 remembers a spike for a window after its queue drained: only a queue past
     # Q* that lasts says the fleet is short now (a pod added for a spike gone arrives idle).
     queued_since = _since(state.queued_since, now) if queue_long else None
@@ -445,10 +494,11 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         up_since = _since(state.up_since, now)
         up_target = desired if state.up_since is None else min(desired, state.up_target or desired)
         up_target = max(up_target, replicas + 1)
-    elif desired < replicas:
+    elif max(desired, proven_floor) < replicas:
+        down_ask = max(desired, proven_floor)  # never below what pods have served well
         down_since = _since(state.down_since, now)
         down_target = (
-            desired if state.down_since is None else max(desired, state.down_target or desired)
+            down_ask if state.down_since is None else max(down_ask, state.down_target or down_ask)
         )
         down_target = min(down_target, replicas - 1)
 
@@ -526,6 +576,8 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         last_scale_up=now if new_replicas > replicas else state.last_scale_up,
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
         service_rate=demand.service_rate,
+        service_parallelism=demand.service_parallelism,
+        proven_rate=proven_rate,
         in_flight=in_flight,
         in_flight_at=now if in_flight is not None else None,
         saturated_since=saturated_since,

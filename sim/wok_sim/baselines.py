@@ -10,6 +10,10 @@ KEDA on vLLM's queue metrics (as the vLLM production stack and llm-d recommend).
   empty result as 0 (`ignoreNullValues`, default true). minReplicaCount is 1: scaling to zero
   would refuse every request for a cold start.
 - `hpa-concurrency-16/32/48`: the HPA on each pod's running + waiting requests.
+- `ceiling`: not a way to run a fleet but a bound: every pod (`--max-replicas`) asked for at the
+  first tick, from the same start as the autoscalers. Until they have started, the start's pods
+  serve alone, as they do for every policy; no autoscaler can serve more requests within the SLOs,
+  so a goal above its attainment is out of every policy's reach (its GPU-hours mean nothing).
 - `static-peak`: the smallest fixed fleet that reaches 99 % attainment of every SLO, by a search
   over replica counts (each one a simulation: every count is a variant, the pick is the fewest
   GPU-hours among those at 99 %, else the best attainment); `static-mean`: the fleet the trace's
@@ -60,6 +64,26 @@ class StaticPolicy:
 
     def decide(self, view: FleetView) -> Action:
         return self.action
+
+
+class CeilingPolicy:
+    """Every pod at once from the first tick: the most any autoscaler could have serving."""
+
+    interval_s = 15.0
+
+    def __init__(self, *, batch: int, ctx: PolicyContext) -> None:
+        self.name = "ceiling"
+        self.fixed_batch: int | None = batch
+        self.start_replicas = ctx.start_replicas
+        self.max_replicas = ctx.max_replicas
+
+    def start(self) -> Action:
+        return Action(batch=self.fixed_batch or 1, replicas=self.start_replicas, reason="start")
+
+    def decide(self, view: FleetView) -> Action:
+        return Action(
+            batch=self.fixed_batch or 1, replicas=self.max_replicas, reason="every pod at once"
+        )
 
 
 PodMetric = Callable[[PodSample], float | None]
@@ -245,9 +269,14 @@ def _hpa_concurrency(target: int) -> Callable[[PolicyContext], list[Policy]]:
     return variants
 
 
+def _ceiling(ctx: PolicyContext) -> list[Policy]:
+    return [CeilingPolicy(batch=b, ctx=ctx) for b in ctx.sweep_batches()]
+
+
 register("static-peak", PolicyEntry(variants=_static_peak, pick=smallest_reaching_target))
 register("static-mean", PolicyEntry(variants=_static_mean))
 register("hpa-waiting", PolicyEntry(variants=_hpa_waiting))
 register("keda-waiting", PolicyEntry(variants=_keda_waiting))
 for _target in CONCURRENCY_TARGETS:
     register(f"hpa-concurrency-{_target}", PolicyEntry(variants=_hpa_concurrency(_target)))
+register("ceiling", PolicyEntry(variants=_ceiling))

@@ -6,7 +6,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from wok_operator.api import InferenceServiceSpec
-from wok_operator.control import Decision, LawParams, LoopState, Observation, decide, decide_seed
+from wok_operator.control import (
+    Decision,
+    LawParams,
+    LoopState,
+    Observation,
+    decide,
+    decide_seed,
+    pooled_replicas,
+)
 
 
 @st.composite
@@ -66,6 +74,9 @@ states = st.builds(
     down_target=st.one_of(st.none(), st.integers(0, 30)),
     last_scale_up=maybe_time,
     last_replica_change=maybe_time,
+    service_rate=st.one_of(st.none(), st.floats(0, 100)),
+    service_parallelism=st.one_of(st.none(), st.floats(0, 300)),
+    proven_rate=st.one_of(st.none(), st.floats(0, 100)),
 )
 
 
@@ -535,3 +546,91 @@ def test_a_ttft_breach_that_outlasts_a_window_with_requests_waiting_teaches_the_
     broken = decide(drained, heavy(1.0, 1.0), params, 195).state
     assert broken.breached_since is None
     assert decide(broken, heavy(1.0, 4.0), params, 200).state.service_rate is None
+
+
+def test_pooled_headroom_shrinks_with_the_square_root_of_the_requests_a_pod_serves_at_once():
+    # One server (a prefill pipeline): load / ρ, the target utilization as written.
+    assert math.isclose(pooled_replicas(3.0, 0.6, 1.0), 5.0)
+    assert math.isclose(pooled_replicas(3.0, 0.6, None), 5.0)
+    # 100 at once: a tenth of the headroom, 3 + 2 / 10.
+    assert math.isclose(pooled_replicas(3.0, 0.6, 100.0), 3.2)
+    # Never less than the load, and ρ = 1 means no headroom at any parallelism.
+    assert math.isclose(pooled_replicas(3.0, 1.0, 4.0), 3.0)
+    assert pooled_replicas(3.0, 0.6, 0.0) == pooled_replicas(3.0, 0.6, 1.0)
+
+
+def test_a_pod_saturated_at_its_final_cap_is_sized_as_many_servers_one_with_free_slots_as_one():
+    """μ learnt behind a binding cap (B_mem here) records the running set as the pod's servers,
+    and the throughput term's headroom shrinks with it; learnt with free slots (prefill binds),
+    the pod is one server and keeps ρ's full headroom."""
+    params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
+
+    def learn(running: float) -> LoopState:
+        state = LoopState(batch=200, replicas=2)
+        for now in (0.0, 10.0):
+            o = Observation(
+                queue_per_replica=4,
+                kv_usage=0.5,
+                ready_replicas=2,
+                pending_replicas=0,
+                running_per_replica=running,
+                finished_per_s=20.0,
+                rejected_per_s=0.0,
+            )
+            state = decide(state, o, params, now).state
+        return state
+
+    at_cap, free = learn(196.0), learn(20.0)
+    assert at_cap.service_rate == free.service_rate == 10.0
+    assert at_cap.service_parallelism == 196.0 and free.service_parallelism == 1.0
+    # The same 60 req/s later, slots quiet: 6 pods of work; ρ 0.5 → 12 as one server,
+    # 6 + 6 / 14 → 7 as 196.
+    later = Observation(
+        queue_per_replica=0,
+        kv_usage=0.2,
+        ready_replicas=6,
+        pending_replicas=0,
+        running_per_replica=8,  # as many in flight as when μ was learnt: no growth term
+        finished_per_s=60.0,
+        rejected_per_s=0.0,
+    )
+    assert decide(free, later, params, 500).desired_replicas == 12
+    assert decide(at_cap, later, params, 500).desired_replicas == 7
+
+
+def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
+    """The slots alone say a pod holds its whole batch cap; a compute-bound pod never gets there
+    (issue 10's held-out conversation trace: slots took 3 pods to 2 before any pod had saturated,
+    and the two missed TTFT for two minutes). The most a pod has served with TTFT and TPOT met
+    is the floor: fewer pods would each serve more than any has been seen to serve well."""
+    params = default_params(scale_down_window_s=300)
+
+    def served(finished: float, *, ready: int, ttft: float = 0.5) -> Observation:
+        return Observation(
+            queue_per_replica=0,
+            kv_usage=0.02,
+            ready_replicas=ready,
+            pending_replicas=0,
+            running_per_replica=20,
+            p99_ttft_seconds=ttft,
+            p99_tpot_seconds=0.05,
+            finished_per_s=finished,
+            rejected_per_s=0.0,
+        )
+
+    state = LoopState(batch=256, replicas=3)
+    # 24 req/s over 3 pods within the SLOs: 8 a pod is proven; a breach teaches nothing.
+    state = decide(state, served(24.0, ready=3), params, 0).state
+    assert state.proven_rate == 8.0
+    assert decide(state, served(36.0, ready=3, ttft=3.0), params, 1).state.proven_rate == 8.0
+    # Slots ask for 1 pod (60 seqs at the cap's 200 a pod) for longer than the window: the floor holds 3.
+    for now in range(5, 400, 5):
+        decision = decide(state, served(24.0, ready=3), params, now)
+        state = decision.state
+        assert decision.replicas == 3, decision.reason
+    assert decision.desired_replicas == 1
+    # Half the load: 12 req/s at 8 a pod is 2 pods, and the window lets it go there, no lower.
+    for now in range(400, 800, 5):
+        decision = decide(state, served(12.0, ready=state.replicas), params, now)
+        state = decision.state
+    assert state.replicas == 2, decision.reason
