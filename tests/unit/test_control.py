@@ -623,7 +623,7 @@ def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
     state = decide(state, served(24.0, ready=3), params, 0).state
     assert state.proven_rate == 8.0
     assert decide(state, served(36.0, ready=3, ttft=3.0), params, 1).state.proven_rate == 8.0
-    # Slots ask for 1 pod (60 seqs at the cap's 200 a pod) for longer than the window: the floor holds 3.
+    # Slots ask for 1 pod (60 seqs at the cap's 200 a pod) past the window: the floor holds 3.
     for now in range(5, 400, 5):
         decision = decide(state, served(24.0, ready=3), params, now)
         state = decision.state
