@@ -418,7 +418,7 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
     delta = {le: hist[le] - old.get(le, 0.0) for le in hist}
     ticks = total(op_a, f"{TICK_HISTOGRAM}_count") - total(op_b, f"{TICK_HISTOGRAM}_count")
     tick_sum = total(op_a, f"{TICK_HISTOGRAM}_sum") - total(op_b, f"{TICK_HISTOGRAM}_sum")
-    per_round = len(round_queries({60}))
+    per_round = len(round_queries({60}, {3600}))  # the SLO and budget windows
     sent = total(op_a, "wok_operator_promql_requests_total") - total(
         op_b, "wok_operator_promql_requests_total"
     )
@@ -611,7 +611,7 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
         f"| rounds (operator's count ÷ {r['queries_per_round_expected']}) | "
         f"{r['rounds_operator']:g} ({r['rounds_per_interval']:.2f} per interval) |",
         f"| PromQL requests per round (Prometheus ÷ rounds) | "
-        f"**{r['promql_requests_per_round']}** (code: `len(round_queries({{60}}))` = "
+        f"**{r['promql_requests_per_round']}** (code: `len(round_queries({{60}}, {{3600}}))` = "
         f"{r['queries_per_round_expected']}) |",
         f"| PromQL requests per service tick | **{r['promql_requests_per_service_tick']}** |",
         f"| PromQL requests per interval | {r['promql_requests_per_interval']} |",

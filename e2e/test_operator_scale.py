@@ -21,7 +21,7 @@ from wok_operator.signals import round_queries
 
 pytestmark = pytest.mark.e2e
 
-QUERIES_PER_ROUND = len(round_queries({60}))
+QUERIES_PER_ROUND = len(round_queries({60}, {3600}))  # the SLO and budget windows
 SERVICES = 200
 INTERVAL_S = 5
 MEASURE_S = 30

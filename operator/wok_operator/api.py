@@ -234,11 +234,19 @@ class ScalingSpec(ApiModel):
         "largest need of its stabilization window).",
     )
     target_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="ρ while every P99 over the SLO's budget window meets its SLO: the share of "
+        "a pod's batch slots and measured throughput that demand may fill.",
+    )
+    breached_utilization: float = Field(
         default=0.6,
         gt=0,
         le=1,
-        description="ρ: the share of each pod's batch slots that demand may fill; the rest is "
-        "headroom for bursts while new pods start.",
+        description="ρ while a P99 over the budget window breaks its SLO (the error budget is "
+        "spent: the traffic outran the fleet within a pod start): the rest is headroom for bursts "
+        "while new pods start.",
     )
     target_queue_per_replica: float = Field(
         default=2.0, ge=0, description="Q*: a longer queue raises the batch (TPOT permitting)."
@@ -278,6 +286,13 @@ class SLOSpec(ApiModel):
         description="Optional P99 end-to-end latency.",
     )
     window_seconds: int = Field(default=60, ge=10, le=86_400)
+    budget_window_seconds: int = Field(
+        default=3600,
+        ge=60,
+        le=86_400,
+        description="The error budget's window: a P99 over it above its SLO means more than 1 % "
+        "of its requests missed, and the replicas keep breachedUtilization's headroom.",
+    )
 
 
 class MetricsSpec(ApiModel):

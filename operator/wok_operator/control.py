@@ -64,6 +64,7 @@ class LawParams:
     scale_down_window_s: float
     slo_window_s: float = 60.0
     pod_start_s: float = 90.0  # how long a new pod takes to serve: its step shows after this
+    breached_utilization: float | None = None  # ρ while the budget is spent (None: the same)
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
@@ -74,6 +75,8 @@ class LawParams:
             raise ValueError("need 0 <= replicas_min <= replicas_max")
         if not 0 < self.target_utilization <= 1:
             raise ValueError("target_utilization must be in (0, 1]")
+        if self.breached_utilization is not None and not 0 < self.breached_utilization <= 1:
+            raise ValueError("breached_utilization must be in (0, 1]")
 
     @classmethod
     def from_spec(cls, spec: InferenceServiceSpec, *, batch_mem: int) -> LawParams:
@@ -92,6 +95,7 @@ class LawParams:
             target_queue=s.target_queue_per_replica,
             deadband=s.deadband,
             target_utilization=s.target_utilization,
+            breached_utilization=s.breached_utilization,
             slo_ttft_s=slo.ttft_p99_seconds,
             slo_tpot_s=slo.tpot_p99_seconds,
             slo_e2e_s=slo.e2e_p99_seconds,
@@ -101,6 +105,12 @@ class LawParams:
             slo_window_s=slo.window_seconds,
             pod_start_s=s.pod_start_seconds,
         )
+
+    def utilization(self, *, budget_spent: bool) -> float:
+        """ρ: the target, or the breached one's headroom while the error budget is spent."""
+        if budget_spent and self.breached_utilization is not None:
+            return min(self.target_utilization, self.breached_utilization)
+        return self.target_utilization
 
     @property
     def batch_cap(self) -> int:
@@ -137,6 +147,10 @@ class Observation:
     reporting_replicas: int | None = None  # ready pods whose metrics came in (None: all)
     finished_per_s: float | None = None  # completions over the SLO window, all pods
     rejected_per_s: float | None = None  # 429s and queue timeouts over the SLO window
+    # The P99s over the SLO's budget window (misses included where the windowed ones have them).
+    budget_p99_ttft_seconds: float | None = None
+    budget_p99_tpot_seconds: float | None = None
+    budget_p99_seconds: float | None = None
 
     @property
     def reporting(self) -> int:
@@ -329,6 +343,7 @@ def _demand(
     obs: Observation,
     p: LawParams,
     *,
+    utilization: float,
     saturated: bool,
     cap_binds: bool,
     service_rate: float | None,
@@ -350,8 +365,8 @@ def _demand(
     # A ready pod whose scrape failed is counted as full: the queue must not look short exactly
     # when a pod is overloaded.
     sequences = (running + queue) * reporting + (ready - reporting) * capacity  # type: ignore[operator]
-    by_slots = math.ceil(sequences / (p.target_utilization * capacity) - 1e-9)
-    text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {p.target_utilization:g}"
+    by_slots = math.ceil(sequences / (utilization * capacity) - 1e-9)
+    text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {utilization:g}"
     finished = obs.finished_per_s
     if not _known(finished) or finished <= 0:  # type: ignore[operator]
         return _Demand(by_slots, text, service_rate, service_parallelism)
@@ -373,14 +388,14 @@ def _demand(
     # Completions and refusals are rates over the SLO window and lag a burst; the growth of the
     # requests in flight is the tick's own view of the arrivals they have not caught up with.
     arrivals = finished + rejected + backlog + growth  # type: ignore[operator]
-    pods = pooled_replicas(arrivals / service_rate, p.target_utilization, service_parallelism)
+    pods = pooled_replicas(arrivals / service_rate, utilization, service_parallelism)
     by_rate = math.ceil(pods - 1e-9)
     if by_rate <= by_slots:
         return _Demand(by_slots, text, service_rate, service_parallelism)
     return _Demand(
         by_rate,
         f"{arrivals:.1f} req/s to serve, {service_rate:.2f}/pod when saturated serving "
-        f"{service_parallelism or 1:.0f} at once, ρ {p.target_utilization:g}",
+        f"{service_parallelism or 1:.0f} at once, ρ {utilization:g}",
         service_rate,
         service_parallelism,
     )
@@ -462,10 +477,16 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
+    budget_spent = (
+        _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
+        or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
+        or _above(obs.budget_p99_seconds, p.slo_e2e_s)
+    )
     demand = _demand(
         capacity,
         obs,
         p,
+        utilization=p.utilization(budget_spent=budget_spent),
         saturated=saturated,
         cap_binds=_cap_binds(batch, obs),
         service_rate=state.service_rate,

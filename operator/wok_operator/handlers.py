@@ -297,13 +297,17 @@ class ServiceTick:
         url = spec.metrics.prometheus_url or self.wok.config.prometheus_url
         if not url:
             return ServiceSignals(), "no Prometheus URL configured"
-        window = spec.slo.window_seconds
+        window, budget_window = spec.slo.window_seconds, spec.slo.budget_window_seconds
         rnd = await self.wok.hub.get(
-            url, self.key, window=window, max_age_s=spec.scaling.interval_seconds
+            url,
+            self.key,
+            window=window,
+            budget_window=budget_window,
+            max_age_s=spec.scaling.interval_seconds,
         )
         if rnd.error is not None:
             return ServiceSignals(), rnd.error
-        return rnd.signals(self.key, window), None
+        return rnd.signals(self.key, window, budget_window), None
 
     async def record(
         self,

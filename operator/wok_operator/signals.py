@@ -57,8 +57,9 @@ def _p99(histogram: str, window: str, *, misses_count: bool) -> str:
     return f"histogram_quantile(0.99, ({buckets} + on ({GROUP}, le) {misses}) or {buckets})"
 
 
-def round_queries(windows: Iterable[int]) -> dict[str, str]:
-    """Every PromQL query of one round, by signal name (pure)."""
+def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) -> dict[str, str]:
+    """Every PromQL query of one round, by signal name (pure): every signal over each SLO
+    window, and the three SLO P99s over each budget window."""
     queries = {
         "waiting": f"sum by ({GROUP}) ({WAITING})",
         "running": f"sum by ({GROUP}) ({RUNNING})",
@@ -80,6 +81,11 @@ def round_queries(windows: Iterable[int]) -> dict[str, str]:
         )
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
+    for window in sorted(set(budget_windows) - set(windows)):
+        w = f"{window}s"
+        queries[f"p99:{window}"] = _p99(E2E_LATENCY, w, misses_count=True)
+        queries[f"p99_ttft:{window}"] = _p99(TTFT, w, misses_count=True)
+        queries[f"p99_tpot:{window}"] = _p99(TPOT, w, misses_count=False)
     queries |= batch_lane_queries(windows)
     queries |= kv_budget_queries()
     return queries
@@ -135,6 +141,10 @@ class ServiceSignals:
     p99_ttft_seconds: float | None = None  # rejected and timed-out requests included
     p99_tpot_seconds: float | None = None  # of each request's mean time per output token
     p99_service_seconds: float | None = None
+    # The same P99s over the SLO's budget window (the error budget: more than 1 % missed).
+    budget_p99_seconds: float | None = None
+    budget_p99_ttft_seconds: float | None = None
+    budget_p99_tpot_seconds: float | None = None
     mean_sequence_tokens: float | None = None
     finished_per_s: float | None = None
     rejected_per_s: float | None = None
@@ -152,9 +162,14 @@ class Round:
     vectors: dict[str, dict[ServiceKey, float]]
     error: str | None = None
 
-    def signals(self, key: ServiceKey, window: int) -> ServiceSignals:
+    def signals(
+        self, key: ServiceKey, window: int, budget_window: int | None = None
+    ) -> ServiceSignals:
         def get(name: str) -> float | None:
             return self.vectors.get(name, {}).get(key)
+
+        def budget(name: str) -> float | None:
+            return None if budget_window is None else get(f"{name}:{budget_window}")
 
         reporting = get("reporting")
         return ServiceSignals(
@@ -166,6 +181,9 @@ class Round:
             p99_ttft_seconds=get(f"p99_ttft:{window}"),
             p99_tpot_seconds=get(f"p99_tpot:{window}"),
             p99_service_seconds=get(f"p99_service:{window}"),
+            budget_p99_seconds=budget("p99"),
+            budget_p99_ttft_seconds=budget("p99_ttft"),
+            budget_p99_tpot_seconds=budget("p99_tpot"),
             mean_sequence_tokens=get(f"mean_tokens:{window}"),
             finished_per_s=get(f"finished_rate:{window}"),
             rejected_per_s=get(f"rejected_rate:{window}"),
@@ -211,17 +229,29 @@ class SignalsHub:
     """Shares rounds between control loops: one round per Prometheus per interval, for all."""
 
     windows: set[int] = field(default_factory=lambda: {60})
+    budget_windows: set[int] = field(default_factory=set)
     rounds: dict[str, Round] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
-    async def get(self, url: str, key: ServiceKey, *, window: int, max_age_s: float) -> Round:
+    async def get(
+        self,
+        url: str,
+        key: ServiceKey,
+        *,
+        window: int,
+        max_age_s: float,
+        budget_window: int | None = None,
+    ) -> Round:
         lock = self._locks.setdefault(url, asyncio.Lock())
         async with lock:
             current = self.rounds.get(url)
             fresh = current is not None and time.monotonic() - current.fetched_at < max_age_s
-            if not fresh or window not in self.windows:
+            new_budget = budget_window is not None and budget_window not in self.budget_windows
+            if not fresh or window not in self.windows or new_budget:
                 self.windows.add(window)
-                queries = round_queries(self.windows)
+                if budget_window is not None:
+                    self.budget_windows.add(budget_window)
+                queries = round_queries(self.windows, self.budget_windows)
                 current = await asyncio.to_thread(fetch_round, url, queries)
                 PROMQL_REQUESTS.inc(len(queries))
                 self.rounds[url] = current

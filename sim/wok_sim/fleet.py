@@ -42,6 +42,7 @@ from wok_sim.traces import TraceRequest, clip_to_model
 Routing = Literal["random", "least-loaded"]
 TAIL_S = 600.0  # after the last arrival, how long work may still finish before it is dropped
 DEFAULT_SLO_WINDOW_S = 60  # spec.slo.windowSeconds
+DEFAULT_BUDGET_WINDOW_S = 3600  # spec.slo.budgetWindowSeconds
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class FleetConfig:
     scrape_interval_s: float = 5.0
     scrape_failure_prob: float = 0.0
     slo_window_s: int = DEFAULT_SLO_WINDOW_S
+    budget_window_s: int = DEFAULT_BUDGET_WINDOW_S
     seed: int = 0
     mode: Mode = "continuous"
     max_queue: int = DEFAULT_MAX_QUEUE
@@ -219,7 +221,7 @@ def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetCo
     requests = [r for r in requests if r.arrival_s <= end]
     rng = random.Random(config.seed)
     prom = EmulatedPrometheus(
-        windows=(config.slo_window_s,),
+        windows=(config.slo_window_s, config.budget_window_s),
         scrape_failure_prob=config.scrape_failure_prob,
         seed=config.seed + 1,
     )
@@ -358,5 +360,5 @@ def _view(fleet: _Fleet, prom: EmulatedPrometheus, now: float) -> FleetView:
         replicas=fleet.desired,
         batch=fleet.batch,
         pods=tuple(samples),
-        signals=prom.signals(now, fleet.config.slo_window_s),
+        signals=prom.signals(now, fleet.config.slo_window_s, fleet.config.budget_window_s),
     )

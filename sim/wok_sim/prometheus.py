@@ -233,5 +233,5 @@ class EmulatedPrometheus:
         cumulative[-1] += misses  # rejected and timed-out requests join +Inf
         return histogram_quantile(QUANTILE, bounds, cumulative)
 
-    def signals(self, now: float, window: int) -> ServiceSignals:
-        return self.round(now).signals(SERVICE, window)
+    def signals(self, now: float, window: int, budget_window: int | None = None) -> ServiceSignals:
+        return self.round(now).signals(SERVICE, window, budget_window)

@@ -634,3 +634,43 @@ def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
         decision = decide(state, served(12.0, ready=state.replicas), params, now)
         state = decision.state
     assert state.replicas == 2, decision.reason
+
+
+def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
+    """ρ is targetUtilization (0.9) while every P99 over the budget window meets its SLO, and
+    breachedUtilization (0.6) while one breaks it: more than 1 % of the last hour missed, so the
+    traffic outran the fleet within a pod start, and will again."""
+    params = default_params()  # the spec's defaults, up to 32 replicas
+    assert (params.target_utilization, params.breached_utilization) == (0.9, 0.6)
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, service_parallelism=1.0)
+
+    def steady(**budget: float) -> Observation:
+        return Observation(
+            queue_per_replica=0,
+            kv_usage=0.02,
+            ready_replicas=6,
+            pending_replicas=0,
+            running_per_replica=10,
+            p99_ttft_seconds=0.5,
+            p99_tpot_seconds=0.05,
+            finished_per_s=54.0,
+            rejected_per_s=0.0,
+            **budget,
+        )
+
+    # 54 req/s at 10 a pod: 5.4 pods of work → 6 at ρ 0.9, 9 at ρ 0.6.
+    assert decide(state, steady(), params, 100).desired_replicas == 6
+    assert decide(state, steady(budget_p99_ttft_seconds=1.9), params, 100).desired_replicas == 6
+    for spent in (
+        {"budget_p99_ttft_seconds": 2.5},
+        {"budget_p99_tpot_seconds": 0.2},
+    ):
+        assert decide(state, steady(**spent), params, 100).desired_replicas == 9, spent
+    # E2E counts only where the spec sets it.
+    assert decide(state, steady(budget_p99_seconds=60.0), params, 100).desired_replicas == 6
+    with_e2e = LawParams(**{**params.__dict__, "slo_e2e_s": 30.0})
+    assert decide(state, steady(budget_p99_seconds=60.0), with_e2e, 100).desired_replicas == 9
+    # No budget figure (a fresh service, or Prometheus without the hour): the target holds.
+    assert (
+        decide(state, steady(budget_p99_ttft_seconds=math.nan), params, 100).desired_replicas == 6
+    )

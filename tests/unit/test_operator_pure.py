@@ -219,6 +219,9 @@ def test_one_round_is_a_constant_number_of_queries():
     assert len(round_queries([60])) == 17
     assert len(round_queries([60, 60])) == 17
     assert len(round_queries([60, 120])) == 25
+    # The budget window adds its three SLO P99s, none where it is an SLO window too.
+    assert len(round_queries([60], [3600])) == 20
+    assert len(round_queries([60], [60])) == 17
     for query in round_queries([60]).values():
         assert "by (namespace, service" in query
 

@@ -1,0 +1,73 @@
+"""The error budget's P99s evaluated by Prometheus' own engine (promtool's PromQL tests): a slow
+stretch that the SLO window has forgotten still breaks the P99 over the budget window, and
+`Round.signals` hands both to the law under their own names."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from wok_operator.signals import REJECTED, TTFT, Round, parse_vector, round_queries
+
+pytestmark = pytest.mark.integration
+
+LABELS = 'namespace="ns",service="llm",pod="a",model_name="m"'
+SLO_S = 2.0
+# 100 requests a minute for 70 minutes; in the first 30, 5 a minute take 3 s to their first
+# token, then every one is under 1 s. At 70 min the last hour (10–70 min) holds 100 slow of 6000
+# (1.7 %: the P99 is past the SLO), the last minute none.
+BUCKETS = {
+    "1": "0+95x30 2950+100x40",
+    "2": "0+95x30 2950+100x40",
+    "5": "0+100x70",
+    "+Inf": "0+100x70",
+}
+
+
+def test_a_slow_stretch_the_slo_window_forgot_still_breaks_the_budget_windows_p99(
+    tmp_path: Path,
+) -> None:
+    assert shutil.which("promtool"), "promtool is needed (Debian's prometheus): make tools"
+    series = [
+        {"series": f'{TTFT}_bucket{{{LABELS},le="{le}"}}', "values": values}
+        for le, values in BUCKETS.items()
+    ]
+    series.append({"series": f"{REJECTED}{{{LABELS}}}", "values": "0x70"})
+    queries = round_queries([60], [3600])
+    assert set(round_queries([60])) < set(queries)
+    assert set(queries) - set(round_queries([60])) == {"p99:3600", "p99_ttft:3600", "p99_tpot:3600"}
+    breached = {60: 0, 3600: 1}
+    tests = [
+        {
+            "expr": f"({queries[f'p99_ttft:{window}']}) > bool {SLO_S}",
+            "eval_time": "70m",
+            "exp_samples": [{"labels": '{namespace="ns",service="llm"}', "value": value}],
+        }
+        for window, value in breached.items()
+    ]
+    path = tmp_path / "budget_window_test.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [],
+                "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+            }
+        )
+    )
+    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    def vector(value: float) -> dict:
+        return parse_vector(
+            [{"metric": {"namespace": "ns", "service": "llm"}, "value": [0, value]}]
+        )
+
+    rnd = Round(fetched_at=0, vectors={"p99_ttft:60": vector(0.99), "p99_ttft:3600": vector(4.2)})
+    signals = rnd.signals(("ns", "llm"), 60, 3600)
+    assert (signals.p99_ttft_seconds, signals.budget_p99_ttft_seconds) == (0.99, 4.2)
+    assert rnd.signals(("ns", "llm"), 60).budget_p99_ttft_seconds is None
