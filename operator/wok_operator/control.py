@@ -27,12 +27,18 @@ The replicas follow the measured demand (Little's law on the gauges, not on a la
                  the current batch when TPOT binds, fewer when the KV cache binds first
     R*       = ceil(L / (ρ · C))        with ρ = target utilization
 
+and from throughput once a saturated pod has shown its rate μ (`_demand`, `pooled_replicas`). ρ is
+the target while every P99 over the SLO's budget window (an hour) meets its SLO, and the breached
+one, with more headroom, while one does not: the error budget is spent, so the traffic has
+outrun the fleet within a pod start before.
+
 R rises to R* at once (at most `max_step` per tick) once R* > R has held for `scale_up_window`;
 pods already starting count as capacity on its way (R includes them), so a scale-up never repeats
 while it is still arriving. A TTFT breach while requests queue adds one replica if demand did not
 (uneven routing), but only after the last scale-up had a pod start and an SLO window to show.
 R falls only when R* < R has held for `scale_down_window`, to the largest R* seen in that window,
-with the SLOs met. Missing metrics hold everything; nothing scales to zero on missing data; the
+with the SLOs met, and never below the pods that serve today's arrivals at the most a pod has
+served within its SLOs. Missing metrics hold everything; nothing scales to zero on missing data; the
 batch is never above B_mem.
 """
 

@@ -417,6 +417,8 @@ def test_converges_from_any_start_under_steady_load(params, demand, start_batch,
     # Each replica step (at most maxStep) may wait a window: enough for the whole way up or down.
     windows = (start_replicas + params.replicas_max) // params.replicas_max_step + 3
     ticks = int(windows * (params.scale_down_window_s + params.scale_up_window_s + interval) / 5)
+    # ... and the batch's own ramp: one tick per doubling of its step, from 1 to the cap.
+    ticks += math.ceil(math.log2(params.batch_cap + 1)) + 2
     history: list[Decision] = []
     for tick in range(ticks + 100):
         d = decide(state, steady_plant(demand, state), params, now=tick * interval)
