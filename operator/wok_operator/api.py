@@ -436,6 +436,10 @@ class DecisionInputs(ApiModel):
     pending_replicas: int = 0
     reporting_replicas: int | None = None
     desired_replicas: int | None = None
+    utilization: float | None = None  # ρ in force: targetUtilization or breachedUtilization
+    budget_p99_ttft_seconds: float | None = None
+    budget_p99_tpot_seconds: float | None = None
+    budget_p99_seconds: float | None = None
     batch_lane_requests: int | None = None
     batch_lane_pending_tokens: int | None = None
     batch_lane_replicas: int | None = None  # what the backlog's deadline needs (opt-in)

@@ -17,6 +17,7 @@ METRICS_UNAVAILABLE = "MetricsUnavailable"
 PODS_PENDING = "PodsPending"
 SLO_UNATTAINABLE = "SLOUnattainable"
 KV_BUDGET_MATCHED = "KVBudgetMatched"
+ERROR_BUDGET_SPENT = "ErrorBudgetSpent"
 
 Status = Literal["True", "False", "Unknown"]
 

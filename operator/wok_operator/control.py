@@ -202,6 +202,8 @@ class Decision:
     memory_bound: bool = False
     metrics_missing: bool = False
     desired_replicas: int | None = None  # R*, what demand asks for
+    utilization: float | None = None  # ρ in force
+    budget_spent: bool = False  # a P99 over the budget window breaks its SLO
     unattainable: str | None = None  # an SLO no batch size can meet, and why
 
     @property
@@ -623,6 +625,8 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         memory_bound=(memory_bound and step.batch >= p.batch_cap) or kv_full,
         desired_replicas=desired,
         unattainable=unattainable,
+        utilization=p.utilization(budget_spent=budget_spent),
+        budget_spent=budget_spent,
     )
 
 

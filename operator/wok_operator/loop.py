@@ -175,6 +175,19 @@ def _latency_text(obs: Observation) -> str:
     return "P99 " + ", ".join(parts) if parts else "no P99 yet"
 
 
+def _budget_text(obs: Observation) -> str:
+    parts = [
+        f"{name} {value:.3f}s"
+        for name, value in (
+            ("TTFT", obs.budget_p99_ttft_seconds),
+            ("TPOT", obs.budget_p99_tpot_seconds),
+            ("E2E", obs.budget_p99_seconds),
+        )
+        if value is not None and math.isfinite(value)
+    ]
+    return "budget-window P99 " + ", ".join(parts) if parts else "no budget-window P99 yet"
+
+
 def _rounded(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
@@ -232,6 +245,14 @@ def decision_status(
         _latency_text(obs),
     )
     put(
+        cond.ERROR_BUDGET_SPENT,
+        decision.budget_spent,
+        "BudgetWindowP99AboveTarget" if decision.budget_spent else "BudgetWindowP99WithinTarget",
+        f"{_budget_text(obs)}; replicas sized at utilization {decision.utilization:g}"
+        if decision.utilization is not None
+        else _budget_text(obs),
+    )
+    put(
         cond.SLO_UNATTAINABLE,
         decision.unattainable is not None,
         "NoBatchMeetsSLO" if decision.unattainable else "SLOAttainable",
@@ -259,6 +280,10 @@ def decision_status(
                 "pendingReplicas": obs.pending_replicas,
                 "reportingReplicas": obs.reporting_replicas,
                 "desiredReplicas": decision.desired_replicas,
+                "utilization": decision.utilization,
+                "budgetP99TtftSeconds": _rounded(obs.budget_p99_ttft_seconds),
+                "budgetP99TpotSeconds": _rounded(obs.budget_p99_tpot_seconds),
+                "budgetP99Seconds": _rounded(obs.budget_p99_seconds),
             },
             "batch": {"from": decision.batch_before, "to": decision.batch},
             "replicas": {"from": decision.replicas_before, "to": decision.replicas},

@@ -199,6 +199,33 @@ def test_state_round_trips_through_status():
     assert types["Progressing"] == "True"
 
 
+def test_a_spent_error_budget_shows_as_a_condition_with_the_utilization_in_force():
+    params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
+    state = LoopState(batch=32, replicas=2)
+    conditions = {}
+    for budget_ttft in (1.2, 3.5):
+        obs = Observation(
+            queue_per_replica=0,
+            kv_usage=0.2,
+            ready_replicas=2,
+            pending_replicas=0,
+            running_per_replica=8,
+            budget_p99_ttft_seconds=budget_ttft,
+        )
+        d = decide(state, obs, params, now=100.0)
+        status = decision_status(d, obs, previous_conditions=None, generation=1, now="t")
+        inputs = status["lastDecision"]["inputs"]
+        assert inputs["budgetP99TtftSeconds"] == budget_ttft
+        conditions[budget_ttft] = next(
+            c for c in status["conditions"] if c["type"] == "ErrorBudgetSpent"
+        )
+        conditions[budget_ttft]["utilization"] = inputs["utilization"]
+    kept, spent = conditions[1.2], conditions[3.5]
+    assert (kept["status"], kept["utilization"]) == ("False", SPEC.scaling.target_utilization)
+    assert (spent["status"], spent["utilization"]) == ("True", SPEC.scaling.breached_utilization)
+    assert "TTFT 3.500s" in spent["message"] and "utilization 0.6" in spent["message"]
+
+
 def test_missing_metrics_set_metrics_unavailable():
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
     obs = Observation(queue_per_replica=None, kv_usage=None, ready_replicas=1, pending_replicas=0)
