@@ -34,7 +34,7 @@ from wok_sim.traces import TraceRequest, clip_to_model, load_trace, scale_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 POD_START_S = 90.0
-UTILIZATIONS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+UTILIZATIONS = (0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 BATCHES = (16, 64, 256)
 TICK_S = 15.0
 PEAK_WINDOW_S = 60.0
