@@ -6,6 +6,10 @@ simulated once per rate mode (at 90 s) and shown in every table of that mode.
 
     .venv/bin/python bench/autoscale_sim.py            # about 30 min on 2 busy cores
     .venv/bin/python bench/autoscale_sim.py --quick    # 90 s overlay only
+    .venv/bin/python bench/autoscale_sim.py --only wok # rerun the law, keep the other rows
+
+The baselines do not depend on the law: `--only` reruns the named policies on every load and keeps
+every other row of the last bench/results/autoscale_sim.json.
 
 Writes bench/results/autoscale_sim.md and .json.
 """
@@ -59,14 +63,13 @@ COLUMNS = (
 )
 
 
-def simulate(mode: str, cold_start: int, policies: str, trace: str | None = None) -> dict:
-    load = ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
+def load_of(mode: str, trace: str | None = None) -> list[str]:
     if trace is not None:  # a synthetic load: no rate scaling, no E2E SLO
-        load = ["--trace", trace, *SLOS[:4]]
-    return run_simulate(load, cold_start, policies)
+        return ["--trace", trace, *SLOS[:4]]
+    return ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
 
 
-def run_simulate(load: list[str], cold_start: int, policies: str) -> dict:
+def run_policies(load: list[str], cold_start: int, policies: str) -> dict:
     command = [
         str(ROOT / ".venv" / "bin" / "wok"),
         "simulate",
@@ -125,7 +128,27 @@ def markdown_table(rows: dict[str, dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="90 s, overlay only")
+    parser.add_argument(
+        "--only", metavar="POLICIES", help="rerun these (comma-separated), keep the other rows"
+    )
     args = parser.parse_args()
+    out = ROOT / "bench" / "results"
+    previous: dict[str, dict[str, dict]] = {}
+    if args.only:
+        previous = json.loads((out / "autoscale_sim.json").read_text())
+    only = set(args.only.split(",")) if args.only else None
+
+    def chosen(policies: str) -> str:
+        names = policies.split(",")
+        return ",".join(n for n in names if only is None or n in only)
+
+    def simulate(mode: str, cold_start: int, policies: str, trace: str | None = None) -> dict:
+        return run_simulate(load_of(mode, trace), cold_start, policies)
+
+    def run_simulate(load: list[str], cold_start: int, policies: str) -> dict:
+        names = chosen(policies)
+        return run_policies(load, cold_start, names) if names else {}
+
     modes = ("overlay",) if args.quick else ("overlay", "compress")
     starts = (90,) if args.quick else (30, 90, 180)
     results: dict[str, dict[str, dict]] = {}
@@ -154,7 +177,9 @@ def main() -> int:
             held_out[f"{title}, x{scale:g} overlay, {start} s pod start"] = run_simulate(
                 [*load, *SLOS[:4]], start, f"{AUTOSCALERS},{STATIC}"
             )
-    out = ROOT / "bench" / "results"
+    for tables in (results, held_out, synthetic):
+        for title, rows in tables.items():
+            tables[title] = {**previous.get(title, {}), **rows}
     everything = {**results, **held_out, **synthetic}
     (out / "autoscale_sim.json").write_text(json.dumps(everything, indent=2) + "\n")
     parts = [
@@ -170,6 +195,11 @@ def main() -> int:
         "the autoscalers' shared start, so no autoscaler can serve more within the SLOs at that "
         "pod start (its GPU-hours mean nothing).",
     ]
+    if args.only:
+        parts[-1] += (
+            f" The rows of {args.only} were rerun with `--only {args.only}` after the law's last "
+            "change; every other row is from the last full run."
+        )
     for title, rows in results.items():
         parts += ["", f"## {title}", "", markdown_table(rows)]
     if held_out:

@@ -409,11 +409,16 @@ def _demand(
     )
 
 
+#: How much more than the most a pod has served well a scale-down may ask of each pod: a fleet
+#: that never ran hot shrinks a step at a time, each step showing what the next may ask.
+PROBE_GROWTH = 1.25
+
+
 def _proven(rate: float | None, obs: Observation, *, breached: bool) -> tuple[float | None, int]:
     """The most requests/s a pod has served with TTFT and TPOT within their SLOs, and the fewest
-    pods that serve the current arrivals at that rate. A scale-down never goes below it: fewer
-    pods would each serve more than any pod has been seen to serve well (the slots alone say a
-    pod holds its whole batch cap, which a compute-bound pod never reaches)."""
+    pods that serve the current arrivals at `PROBE_GROWTH` times that rate. A scale-down never
+    goes below it: fewer pods would each serve more than any pod has been seen to serve well (the
+    slots alone say a pod holds its whole batch cap, which a compute-bound pod never reaches)."""
     finished = obs.finished_per_s
     if not _known(finished) or finished <= 0:  # type: ignore[operator]
         return rate, 0
@@ -423,7 +428,7 @@ def _proven(rate: float | None, obs: Observation, *, breached: bool) -> tuple[fl
     if rate is None or rate <= 0:
         return rate, 0
     rejected = obs.rejected_per_s if _known(obs.rejected_per_s) else 0.0
-    return rate, math.ceil((finished + rejected) / rate - 1e-9)  # type: ignore[operator]
+    return rate, math.ceil((finished + rejected) / (PROBE_GROWTH * rate) - 1e-9)  # type: ignore[operator]
 
 
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
@@ -563,6 +568,11 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
             f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand.text})"
         )
     new_replicas = p.clip_replicas(new_replicas)
+    if desired < replicas <= proven_floor:
+        notes.append(
+            f"{proven_floor} pod(s) floor: fewer would each serve over {PROBE_GROWTH:g} × the "
+            f"{proven_rate:.2f} req/s a pod has served within the SLOs"
+        )
     if new_replicas != replicas:
         up_since = up_target = down_since = down_target = None
     if obs.pending_replicas and new_replicas > replicas:

@@ -676,3 +676,31 @@ def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     assert (
         decide(state, steady(budget_p99_ttft_seconds=math.nan), params, 100).desired_replicas == 6
     )
+
+
+def test_a_fleet_that_never_ran_hot_still_shrinks_a_step_at_a_time():
+    """10 pods serving 20 req/s within the SLOs have shown only 2 a pod; the slots ask for one.
+    Each scale-down may ask a quarter more of a pod than it has served well, so the fleet walks
+    down (10 → 8 → 7 → 6 …), each step showing what the next may ask, until one pod fewer would
+    ask more than that (4 → 3 is a third more): there it holds and says why."""
+    params = default_params(scale_down_window_s=300)
+    state, seen = LoopState(batch=200, replicas=10), [10]
+    for now in range(0, 6000, 5):
+        o = Observation(
+            queue_per_replica=0,
+            kv_usage=0.02,
+            ready_replicas=state.replicas,
+            pending_replicas=0,
+            running_per_replica=40 / state.replicas,
+            p99_ttft_seconds=0.5,
+            p99_tpot_seconds=0.05,
+            finished_per_s=20.0,
+            rejected_per_s=0.0,
+        )
+        state = decide(state, o, params, now).state
+        if state.replicas != seen[-1]:
+            seen.append(state.replicas)
+    assert seen == [10, 8, 7, 6, 5, 4], seen  # 20 / (1.25 · 2) = 8; 20 / (1.25 · 2.5) → 7 …
+    held = decide(state, o, params, 6000)
+    assert held.replicas == 4 and held.desired_replicas == 1
+    assert "4 pod(s) floor" in held.reason and "5.00 req/s" in held.reason, held.reason
