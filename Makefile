@@ -45,7 +45,8 @@ test: venv tools cluster-bin image
 # oci-archives under build/images/. Warm (layer cache): seconds.
 IMAGE_TOOLS := podman buildah mmdebstrap runc skopeo uidmap fuse-overlayfs
 image: venv
-	@for tool in podman buildah mmdebstrap runc skopeo; do command -v $$tool >/dev/null || exit 1; done || \
+	@# The loop runs in a subshell: its `exit 1` must fall through to the install, not end make's shell.
+	@(for tool in podman buildah mmdebstrap runc skopeo; do command -v $$tool >/dev/null || exit 1; done) || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_TOOLS); }
 	$(PY) -m wok_cluster.images
 
