@@ -495,11 +495,12 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
         or _above(obs.budget_p99_seconds, p.slo_e2e_s)
     )
+    utilization = p.utilization(budget_spent=budget_spent)
     demand = _demand(
         capacity,
         obs,
         p,
-        utilization=p.utilization(budget_spent=budget_spent),
+        utilization=utilization,
         saturated=saturated,
         cap_binds=_cap_binds(batch, obs),
         service_rate=state.service_rate,
@@ -635,7 +636,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         memory_bound=(memory_bound and step.batch >= p.batch_cap) or kv_full,
         desired_replicas=desired,
         unattainable=unattainable,
-        utilization=p.utilization(budget_spent=budget_spent),
+        utilization=utilization,
         budget_spent=budget_spent,
     )
 

@@ -162,30 +162,13 @@ def memory_status(plan: MemoryBudget) -> dict[str, int]:
     }
 
 
-def _latency_text(obs: Observation) -> str:
+def _p99_text(label: str, ttft: float | None, tpot: float | None, e2e: float | None) -> str:
     parts = [
         f"{name} {value:.3f}s"
-        for name, value in (
-            ("TTFT", obs.p99_ttft_seconds),
-            ("TPOT", obs.p99_tpot_seconds),
-            ("E2E", obs.p99_seconds),
-        )
+        for name, value in (("TTFT", ttft), ("TPOT", tpot), ("E2E", e2e))
         if value is not None and math.isfinite(value)
     ]
-    return "P99 " + ", ".join(parts) if parts else "no P99 yet"
-
-
-def _budget_text(obs: Observation) -> str:
-    parts = [
-        f"{name} {value:.3f}s"
-        for name, value in (
-            ("TTFT", obs.budget_p99_ttft_seconds),
-            ("TPOT", obs.budget_p99_tpot_seconds),
-            ("E2E", obs.budget_p99_seconds),
-        )
-        if value is not None and math.isfinite(value)
-    ]
-    return "budget-window P99 " + ", ".join(parts) if parts else "no budget-window P99 yet"
+    return f"{label} " + ", ".join(parts) if parts else f"no {label} yet"
 
 
 def _rounded(value: float | None) -> float | None:
@@ -242,15 +225,23 @@ def decision_status(
         cond.SLO_BREACHED,
         decision.slo_breached,
         "P99AboveTarget" if decision.slo_breached else "P99WithinTarget",
-        _latency_text(obs),
+        _p99_text("P99", obs.p99_ttft_seconds, obs.p99_tpot_seconds, obs.p99_seconds),
     )
     put(
         cond.ERROR_BUDGET_SPENT,
         decision.budget_spent,
         "BudgetWindowP99AboveTarget" if decision.budget_spent else "BudgetWindowP99WithinTarget",
-        f"{_budget_text(obs)}; replicas sized at utilization {decision.utilization:g}"
-        if decision.utilization is not None
-        else _budget_text(obs),
+        _p99_text(
+            "budget-window P99",
+            obs.budget_p99_ttft_seconds,
+            obs.budget_p99_tpot_seconds,
+            obs.budget_p99_seconds,
+        )
+        + (
+            ""
+            if decision.utilization is None
+            else f"; replicas sized at utilization {decision.utilization:g}"
+        ),
     )
     put(
         cond.SLO_UNATTAINABLE,

@@ -57,6 +57,16 @@ def _p99(histogram: str, window: str, *, misses_count: bool) -> str:
     return f"histogram_quantile(0.99, ({buckets} + on ({GROUP}, le) {misses}) or {buckets})"
 
 
+def _slo_p99s(window: int) -> dict[str, str]:
+    """The three SLO P99s over one window (misses counted where the SLO counts them)."""
+    w = f"{window}s"
+    return {
+        f"p99:{window}": _p99(E2E_LATENCY, w, misses_count=True),
+        f"p99_ttft:{window}": _p99(TTFT, w, misses_count=True),
+        f"p99_tpot:{window}": _p99(TPOT, w, misses_count=False),
+    }
+
+
 def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) -> dict[str, str]:
     """Every PromQL query of one round, by signal name (pure): every signal over each SLO
     window, and the three SLO P99s over each budget window."""
@@ -70,9 +80,7 @@ def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) ->
     }
     for window in sorted(set(windows)):
         w = f"{window}s"
-        queries[f"p99:{window}"] = _p99(E2E_LATENCY, w, misses_count=True)
-        queries[f"p99_ttft:{window}"] = _p99(TTFT, w, misses_count=True)
-        queries[f"p99_tpot:{window}"] = _p99(TPOT, w, misses_count=False)
+        queries |= _slo_p99s(window)
         queries[f"p99_service:{window}"] = _p99(INFERENCE_TIME, w, misses_count=False)
         queries[f"mean_tokens:{window}"] = (
             f"(sum by ({GROUP}) (rate({PROMPT_TOKENS}[{w}]))"
@@ -82,10 +90,7 @@ def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) ->
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
     for window in sorted(set(budget_windows) - set(windows)):
-        w = f"{window}s"
-        queries[f"p99:{window}"] = _p99(E2E_LATENCY, w, misses_count=True)
-        queries[f"p99_ttft:{window}"] = _p99(TTFT, w, misses_count=True)
-        queries[f"p99_tpot:{window}"] = _p99(TPOT, w, misses_count=False)
+        queries |= _slo_p99s(window)
     queries |= batch_lane_queries(windows)
     queries |= kv_budget_queries()
     return queries

@@ -4,12 +4,10 @@ the measured ÷ budget division matches each pod's two series, the CPU pod's fig
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+from promql_harness import assert_promql
 
 from wok_operator.signals import Round, kv_budget_queries, parse_vector
 
@@ -26,7 +24,6 @@ EXPECTED = {"kv_budget_bytes": 1000.0, "kv_measured_ratio_min": 0.85, "kv_measur
 
 
 def test_prometheus_evaluates_the_kv_budget_queries(tmp_path: Path) -> None:
-    assert shutil.which("promtool"), "promtool is needed (Debian's prometheus): make tools"
     series = []
     for pod, device, budget, measured in PODS:
         labels = f'namespace="ns",service="llm",pod="{pod}",device="{device}",model_name="m"'
@@ -44,18 +41,7 @@ def test_prometheus_evaluates_the_kv_budget_queries(tmp_path: Path) -> None:
         }
         for name, value in EXPECTED.items()
     ]
-    path = tmp_path / "kv_budget_test.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": [],
-                "evaluation_interval": "1m",
-                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
-            }
-        )
-    )
-    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert_promql(tmp_path, series, tests)
     # The same samples through the operator's parser: the worst pod is a (1.2 is 0.2 from 1, b's
     # 0.85 only 0.15).
     vectors = {
