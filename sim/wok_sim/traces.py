@@ -159,9 +159,11 @@ def scale_rate(
 ) -> list[TraceRequest]:
     """`compress` divides arrival times by `factor`; `overlay` keeps the clock and gives each
     request factor − 1 copies on average (the floor, plus one more with the fraction's
-    probability), each moved by a seeded uniform jitter of ±30 s clipped to the trace's span, with
-    the same lengths. Overlay keeps the trace's minute-scale shape, which compressing an hour into
-    minutes would hide from autoscalers' 5-minute windows."""
+    probability), each moved by a seeded uniform jitter of ±30 s, with the same lengths. A copy
+    jittered past either end of the trace is reflected back inside it: clipping would stack every
+    such copy on the first or last instant (168 requests at one instant at the end of the code
+    trace ×3), a burst the trace never had. Overlay keeps the trace's minute-scale shape, which
+    compressing an hour into minutes would hide from autoscalers' 5-minute windows."""
     if not (factor > 0 and math.isfinite(factor)):
         raise ValueError(f"--rate-scale must be a positive number, got {factor}")
     if mode == "compress":
@@ -182,7 +184,8 @@ def scale_rate(
     for r in requests:
         copies = whole + (1 if rng.random() < fraction else 0)
         for _ in range(copies):
-            t = r.arrival_s + rng.uniform(-OVERLAY_JITTER_S, OVERLAY_JITTER_S)
+            t = abs(r.arrival_s + rng.uniform(-OVERLAY_JITTER_S, OVERLAY_JITTER_S))
+            t = span - abs(span - t)
             out.append(TraceRequest(min(max(t, 0.0), span), r.prompt_tokens, r.output_tokens))
     out.sort(key=lambda r: r.arrival_s)
     return out

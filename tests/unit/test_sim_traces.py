@@ -98,6 +98,20 @@ def test_overlay_keeps_the_clock_and_adds_jittered_copies():
         assert min(abs(r.arrival_s - t) for t in times) <= OVERLAY_JITTER_S + 1e-9
 
 
+def test_overlay_copies_do_not_pile_up_at_the_trace_ends():
+    # A steady 2 req/s for 120 s: copies jittered past either end come back inside the span
+    # (reflected), so the first and last 10 s hold about as many as any other 10 s.
+    rows = [TraceRequest(i * 0.5, 100, 10) for i in range(241)]
+    scaled = scale_rate(rows, 4.0, mode="overlay", seed=3)
+    span = rows[-1].arrival_s
+    at_ends = sum(r.arrival_s in (0.0, span) for r in scaled)
+    assert at_ends <= 4  # the two originals and their copies' rare exact hits, not a pile
+    per_bin = [sum(10 * k <= r.arrival_s < 10 * (k + 1) for r in scaled) for k in range(12)]
+    middle = sum(per_bin[3:9]) / 6
+    assert 0.75 * middle <= per_bin[0] <= 1.25 * middle
+    assert 0.75 * middle <= per_bin[-1] <= 1.25 * middle
+
+
 @pytest.mark.parametrize(
     ("factor", "mode"), [(0.0, "compress"), (-1.0, "overlay"), (0.5, "overlay"), (2.0, "x")]
 )
