@@ -440,6 +440,9 @@ class DecisionInputs(ApiModel):
     budget_p99_ttft_seconds: float | None = None
     budget_p99_tpot_seconds: float | None = None
     budget_p99_seconds: float | None = None
+    budget_p995_ttft_seconds: float | None = None  # half the budget is back once these are within
+    budget_p995_tpot_seconds: float | None = None
+    budget_p995_seconds: float | None = None
     batch_lane_requests: int | None = None
     batch_lane_pending_tokens: int | None = None
     batch_lane_replicas: int | None = None  # what the backlog's deadline needs (opt-in)
@@ -478,6 +481,7 @@ class LoopMemory(ApiModel):
     saturated_since: float | None = None
     queued_since: float | None = None
     breached_since: float | None = None
+    budget_spent: bool = False
 
 
 class BatchLaneStatus(ApiModel):

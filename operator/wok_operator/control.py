@@ -28,9 +28,9 @@ The replicas follow the measured demand (Little's law on the gauges, not on a la
     R*       = ceil(L / (ρ · C))        with ρ = target utilization
 
 and from throughput once a saturated pod has shown its rate μ (`_demand`, `pooled_replicas`). ρ is
-the target while every P99 over the SLO's budget window (an hour) meets its SLO, and the breached
-one, with more headroom, while one does not: the error budget is spent, so the traffic has
-outrun the fleet within a pod start before.
+the target while the error budget holds, and the breached one, with more headroom, from when a
+P99 over the SLO's budget window (an hour) breaks its SLO (the traffic has outrun the fleet
+within a pod start before) until every P99.5 over it is within its SLO (half the budget back).
 
 R rises to R* at once (at most `max_step` per tick) once R* > R has held for `scale_up_window`;
 pods already starting count as capacity on its way (R includes them), so a scale-up never repeats
@@ -157,6 +157,10 @@ class Observation:
     budget_p99_ttft_seconds: float | None = None
     budget_p99_tpot_seconds: float | None = None
     budget_p99_seconds: float | None = None
+    # The P99.5s over the budget window: within the SLOs, at least half the budget is left.
+    budget_p995_ttft_seconds: float | None = None
+    budget_p995_tpot_seconds: float | None = None
+    budget_p995_seconds: float | None = None
 
     @property
     def reporting(self) -> int:
@@ -188,6 +192,7 @@ class LoopState:
     saturated_since: float | None = None  # since when pods queue with free batch slots
     queued_since: float | None = None  # since when requests have queued past Q* at every tick
     breached_since: float | None = None  # since when P99 TTFT has been above its SLO at every tick
+    budget_spent: bool = False  # the error budget ran out, and half of it is not back yet
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,8 @@ class Decision:
     metrics_missing: bool = False
     desired_replicas: int | None = None  # R*, what demand asks for
     utilization: float | None = None  # ρ in force
-    budget_spent: bool = False  # a P99 over the budget window breaks its SLO
+    budget_spent: bool = False  # a P99 over the budget window breaks its SLO, or did and
+    budget_recovering: bool = False  # half the budget is not back yet (the P99.5s break theirs)
     unattainable: str | None = None  # an SLO no batch size can meet, and why
 
     @property
@@ -431,6 +437,28 @@ def _proven(rate: float | None, obs: Observation, *, breached: bool) -> tuple[fl
     return rate, math.ceil((finished + rejected) / (PROBE_GROWTH * rate) - 1e-9)  # type: ignore[operator]
 
 
+def _error_budget(was_spent: bool, obs: Observation, p: LawParams) -> tuple[bool, bool]:
+    """Whether the error budget is spent, and whether only because half of it is not back yet.
+    Hysteresis: spent once a P99 over the budget window breaks its SLO (over 1 % of requests
+    missed), kept again only once every P99.5 is within its SLO (half the budget left). Without
+    the margin ρ flips back to the target with no budget left for the next burst, and a burst
+    caught at that ρ spends it many times over."""
+    if (
+        _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
+        or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
+        or _above(obs.budget_p99_seconds, p.slo_e2e_s)
+    ):
+        return True, False
+    half_back = (
+        _known(obs.budget_p995_ttft_seconds)
+        and obs.budget_p995_ttft_seconds <= p.slo_ttft_s  # type: ignore[operator]
+        and not _above(obs.budget_p995_tpot_seconds, p.slo_tpot_s)
+        and not _above(obs.budget_p995_seconds, p.slo_e2e_s)
+    )
+    recovering = was_spent and not half_back
+    return recovering, recovering
+
+
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
     """One tick of the law: the next batch size and replica count, and why."""
     p = params
@@ -490,11 +518,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
-    budget_spent = (
-        _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
-        or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
-        or _above(obs.budget_p99_seconds, p.slo_e2e_s)
-    )
+    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
     utilization = p.utilization(budget_spent=budget_spent)
     demand = _demand(
         capacity,
@@ -623,6 +647,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         saturated_since=saturated_since,
         queued_since=queued_since,
         breached_since=breached_since,
+        budget_spent=budget_spent,
     )
     kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
     return Decision(
@@ -638,6 +663,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         unattainable=unattainable,
         utilization=utilization,
         budget_spent=budget_spent,
+        budget_recovering=budget_recovering,
     )
 
 

@@ -75,6 +75,9 @@ def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
         budget_p99_ttft_seconds=signals.budget_p99_ttft_seconds,
         budget_p99_tpot_seconds=signals.budget_p99_tpot_seconds,
         budget_p99_seconds=signals.budget_p99_seconds,
+        budget_p995_ttft_seconds=signals.budget_p995_ttft_seconds,
+        budget_p995_tpot_seconds=signals.budget_p995_tpot_seconds,
+        budget_p995_seconds=signals.budget_p995_seconds,
         reporting_replicas=reporting if ready else None,
         finished_per_s=signals.finished_per_s,
         rejected_per_s=signals.rejected_per_s,
@@ -227,16 +230,25 @@ def decision_status(
         "P99AboveTarget" if decision.slo_breached else "P99WithinTarget",
         _p99_text("P99", obs.p99_ttft_seconds, obs.p99_tpot_seconds, obs.p99_seconds),
     )
+    budget_p99 = (obs.budget_p99_ttft_seconds, obs.budget_p99_tpot_seconds, obs.budget_p99_seconds)
+    budget_p995 = (
+        obs.budget_p995_ttft_seconds,
+        obs.budget_p995_tpot_seconds,
+        obs.budget_p995_seconds,
+    )
+    if not decision.budget_spent:
+        budget_reason = "BudgetWindowP99WithinTarget"
+    elif decision.budget_recovering:
+        budget_reason = "HalfTheBudgetNotBack"  # the P99s are within, a P99.5 is not yet
+    else:
+        budget_reason = "BudgetWindowP99AboveTarget"
     put(
         cond.ERROR_BUDGET_SPENT,
         decision.budget_spent,
-        "BudgetWindowP99AboveTarget" if decision.budget_spent else "BudgetWindowP99WithinTarget",
-        _p99_text(
-            "budget-window P99",
-            obs.budget_p99_ttft_seconds,
-            obs.budget_p99_tpot_seconds,
-            obs.budget_p99_seconds,
-        )
+        budget_reason,
+        _p99_text("budget-window P99", *budget_p99)
+        + "; "
+        + _p99_text("P99.5", *budget_p995)
         + (
             ""
             if decision.utilization is None
@@ -275,6 +287,9 @@ def decision_status(
                 "budgetP99TtftSeconds": _rounded(obs.budget_p99_ttft_seconds),
                 "budgetP99TpotSeconds": _rounded(obs.budget_p99_tpot_seconds),
                 "budgetP99Seconds": _rounded(obs.budget_p99_seconds),
+                "budgetP995TtftSeconds": _rounded(obs.budget_p995_ttft_seconds),
+                "budgetP995TpotSeconds": _rounded(obs.budget_p995_tpot_seconds),
+                "budgetP995Seconds": _rounded(obs.budget_p995_seconds),
             },
             "batch": {"from": decision.batch_before, "to": decision.batch},
             "replicas": {"from": decision.replicas_before, "to": decision.replicas},

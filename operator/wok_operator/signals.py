@@ -47,29 +47,35 @@ KV_DEVICE_SELECTOR = '{device="cuda"}'
 KV_BUDGET_TOLERANCE = 0.10
 
 
-def _p99(histogram: str, window: str, *, misses_count: bool) -> str:
+#: The SLO's quantile, and the one that keeps half its error budget (0.5 % of requests missed).
+SLO_QUANTILE = 0.99
+HALF_BUDGET_QUANTILE = 0.995
+
+
+def _p99(histogram: str, window: str, *, misses_count: bool, q: float = SLO_QUANTILE) -> str:
     buckets = f"sum by ({GROUP}, le) (rate({histogram}_bucket[{window}]))"
     if not misses_count:
-        return f"histogram_quantile(0.99, {buckets})"
+        return f"histogram_quantile({q:g}, {buckets})"
     # A rejected or timed-out request never gets a first or last token, but it is a miss: it
     # joins the +Inf bucket, so overload reads as a breach instead of as a shorter histogram.
     misses = f'label_replace(sum by ({GROUP}) (rate({REJECTED}[{window}])), "le", "+Inf", "", "")'
-    return f"histogram_quantile(0.99, ({buckets} + on ({GROUP}, le) {misses}) or {buckets})"
+    return f"histogram_quantile({q:g}, ({buckets} + on ({GROUP}, le) {misses}) or {buckets})"
 
 
-def _slo_p99s(window: int) -> dict[str, str]:
-    """The three SLO P99s over one window (misses counted where the SLO counts them)."""
-    w = f"{window}s"
+def _slo_p99s(window: int, q: float = SLO_QUANTILE) -> dict[str, str]:
+    """The three SLO quantiles over one window (misses counted where the SLO counts them),
+    named p99 for the SLO's own quantile and p995 for the half-budget one."""
+    w, name = f"{window}s", "p99" if q == SLO_QUANTILE else "p995"
     return {
-        f"p99:{window}": _p99(E2E_LATENCY, w, misses_count=True),
-        f"p99_ttft:{window}": _p99(TTFT, w, misses_count=True),
-        f"p99_tpot:{window}": _p99(TPOT, w, misses_count=False),
+        f"{name}:{window}": _p99(E2E_LATENCY, w, misses_count=True, q=q),
+        f"{name}_ttft:{window}": _p99(TTFT, w, misses_count=True, q=q),
+        f"{name}_tpot:{window}": _p99(TPOT, w, misses_count=False, q=q),
     }
 
 
 def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) -> dict[str, str]:
     """Every PromQL query of one round, by signal name (pure): every signal over each SLO
-    window, and the three SLO P99s over each budget window."""
+    window, and the three SLO P99s and P99.5s over each budget window."""
     queries = {
         "waiting": f"sum by ({GROUP}) ({WAITING})",
         "running": f"sum by ({GROUP}) ({RUNNING})",
@@ -89,8 +95,10 @@ def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) ->
         )
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
-    for window in sorted(set(budget_windows) - set(windows)):
-        queries |= _slo_p99s(window)
+    for window in sorted(set(budget_windows)):
+        if window not in windows:
+            queries |= _slo_p99s(window)
+        queries |= _slo_p99s(window, HALF_BUDGET_QUANTILE)
     queries |= batch_lane_queries(windows)
     queries |= kv_budget_queries()
     return queries
@@ -150,6 +158,10 @@ class ServiceSignals:
     budget_p99_seconds: float | None = None
     budget_p99_ttft_seconds: float | None = None
     budget_p99_tpot_seconds: float | None = None
+    # The P99.5s over the budget window: within the SLOs, at least half the budget is left.
+    budget_p995_seconds: float | None = None
+    budget_p995_ttft_seconds: float | None = None
+    budget_p995_tpot_seconds: float | None = None
     mean_sequence_tokens: float | None = None
     finished_per_s: float | None = None
     rejected_per_s: float | None = None
@@ -189,6 +201,9 @@ class Round:
             budget_p99_seconds=budget("p99"),
             budget_p99_ttft_seconds=budget("p99_ttft"),
             budget_p99_tpot_seconds=budget("p99_tpot"),
+            budget_p995_seconds=budget("p995"),
+            budget_p995_ttft_seconds=budget("p995_ttft"),
+            budget_p995_tpot_seconds=budget("p995_tpot"),
             mean_sequence_tokens=get(f"mean_tokens:{window}"),
             finished_per_s=get(f"finished_rate:{window}"),
             rejected_per_s=get(f"rejected_rate:{window}"),

@@ -221,7 +221,8 @@ def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetCo
     requests = [r for r in requests if r.arrival_s <= end]
     rng = random.Random(config.seed)
     prom = EmulatedPrometheus(
-        windows=(config.slo_window_s, config.budget_window_s),
+        windows=(config.slo_window_s,),
+        budget_windows=(config.budget_window_s,),
         scrape_failure_prob=config.scrape_failure_prob,
         seed=config.seed + 1,
     )

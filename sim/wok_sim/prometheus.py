@@ -26,12 +26,17 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from wok_operator.signals import Round, ServiceKey, ServiceSignals
+from wok_operator.signals import (
+    HALF_BUDGET_QUANTILE,
+    SLO_QUANTILE,
+    Round,
+    ServiceKey,
+    ServiceSignals,
+)
 from wok_runtime.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from wok_sim.replica import RequestRecord, SimReplica
 
 SERVICE: ServiceKey = ("sim", "llm")
-QUANTILE = 0.99
 
 # The histograms the operator reads, with the runtime's bucket bounds (+Inf implied).
 HISTOGRAMS: dict[str, tuple[float, ...]] = {
@@ -133,6 +138,7 @@ class EmulatedPrometheus:
         self,
         *,
         windows: Iterable[int] = (60,),
+        budget_windows: Iterable[int] = (),
         scrape_failure_prob: float = 0.0,
         seed: int = 0,
     ) -> None:
@@ -141,6 +147,7 @@ class EmulatedPrometheus:
                 f"scrape failure probability must be in [0, 1), got {scrape_failure_prob}"
             )
         self.windows = sorted(set(windows))
+        self.budget_windows = sorted(set(budget_windows))
         self.failure_prob = scrape_failure_prob
         self._rng = random.Random(seed)
         self._pods: dict[int, _PodCounters] = {}
@@ -166,7 +173,7 @@ class EmulatedPrometheus:
             )
             self._history.setdefault(replica.pod, deque()).append((now, pod.snapshot()))
         self.latest = seen
-        horizon = now - max(self.windows) - 1.0
+        horizon = now - max(self.windows + self.budget_windows) - 1.0
         for pod_id in list(self._history):
             samples = self._history[pod_id]
             while len(samples) > 1 and samples[1][0] <= horizon:
@@ -208,14 +215,22 @@ class EmulatedPrometheus:
             put("kv_budget_bytes", SIMULATED_KV_BUDGET_BYTES)
             put("kv_measured_ratio_min", 1.0)
             put("kv_measured_ratio_max", 1.0)
-        for window in self.windows:
+        # The SLO quantiles over each budget window (`signals._slo_p99s`), every signal over each
+        # SLO window.
+        for window in sorted(set(self.windows + self.budget_windows)):
             rates = self._rates(now, window)
             if rates is None:
                 continue
             misses = rates[OFFSETS["rejected"]]
-            put(f"p99:{window}", self._quantile(rates, "e2e", misses))
-            put(f"p99_ttft:{window}", self._quantile(rates, "ttft", misses))
-            put(f"p99_tpot:{window}", self._quantile(rates, "tpot", 0.0))
+            quantiles = [("p99", SLO_QUANTILE)]
+            if window in self.budget_windows:
+                quantiles.append(("p995", HALF_BUDGET_QUANTILE))
+            for name, q in quantiles:
+                put(f"{name}:{window}", self._quantile(rates, "e2e", misses, q))
+                put(f"{name}_ttft:{window}", self._quantile(rates, "ttft", misses, q))
+                put(f"{name}_tpot:{window}", self._quantile(rates, "tpot", 0.0, q))
+            if window not in self.windows:
+                continue
             put(f"p99_service:{window}", self._quantile(rates, "inference", 0.0))
             success = rates[OFFSETS["success"]]
             tokens = rates[OFFSETS["prompt_tokens"]] + rates[OFFSETS["generation_tokens"]]
@@ -226,12 +241,12 @@ class EmulatedPrometheus:
         return Round(fetched_at=now, vectors=vectors)
 
     @staticmethod
-    def _quantile(rates: list[float], name: str, misses: float) -> float:
+    def _quantile(rates: list[float], name: str, misses: float, q: float = SLO_QUANTILE) -> float:
         bounds = HISTOGRAMS[name]
         start = OFFSETS[name]
         cumulative = rates[start : start + len(bounds) + 1]
         cumulative[-1] += misses  # rejected and timed-out requests join +Inf
-        return histogram_quantile(QUANTILE, bounds, cumulative)
+        return histogram_quantile(q, bounds, cumulative)
 
     def signals(self, now: float, window: int, budget_window: int | None = None) -> ServiceSignals:
         return self.round(now).signals(SERVICE, window, budget_window)

@@ -1,6 +1,7 @@
 """The control law, by its properties (hypothesis) and by the failure modes issue 10 diagnosed."""
 
 import math
+from dataclasses import replace
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -77,6 +78,7 @@ states = st.builds(
     service_rate=st.one_of(st.none(), st.floats(0, 100)),
     service_parallelism=st.one_of(st.none(), st.floats(0, 300)),
     proven_rate=st.one_of(st.none(), st.floats(0, 100)),
+    budget_spent=st.booleans(),
 )
 
 
@@ -676,6 +678,54 @@ def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     assert (
         decide(state, steady(budget_p99_ttft_seconds=math.nan), params, 100).desired_replicas == 6
     )
+
+
+def test_a_spent_error_budget_keeps_its_headroom_until_half_the_budget_is_back():
+    """Hysteresis on the budget: spent at 1 % missed (a budget-window P99 past its SLO), back to
+    the target only at 0.5 % (every P99.5 within). Flipping back at 1 % left no budget for the
+    next burst: on the code trace at breachedUtilization 0.55 the fleet ran at ρ 0.9 from minute
+    35, shrank to 2 pods and missed 414 requests in the last minute's burst."""
+    params = default_params()
+    fresh = LoopState(batch=200, replicas=6, service_rate=10.0, service_parallelism=1.0)
+    spent = replace(fresh, budget_spent=True)
+
+    def steady(p99: float, p995: float | None) -> Observation:
+        return Observation(
+            queue_per_replica=0,
+            kv_usage=0.02,
+            ready_replicas=6,
+            pending_replicas=0,
+            running_per_replica=10,
+            p99_ttft_seconds=0.5,
+            p99_tpot_seconds=0.05,
+            finished_per_s=54.0,
+            rejected_per_s=0.0,
+            budget_p99_ttft_seconds=p99,
+            budget_p995_ttft_seconds=p995,
+            budget_p99_tpot_seconds=0.05,
+            budget_p995_tpot_seconds=0.05,
+        )
+
+    # 54 req/s at 10 a pod: 6 pods at ρ 0.9, 9 at ρ 0.6.
+    cases = [
+        (fresh, steady(1.9, 2.5), False),  # 0.5–1 % missed, never spent: the target holds
+        (fresh, steady(2.5, 3.0), True),  # over 1 %: spent
+        (spent, steady(1.9, 2.5), True),  # back under 1 %, but not half the budget yet
+        (spent, steady(1.9, None), True),  # no P99.5: no evidence the budget came back
+        (spent, steady(1.5, 1.9), False),  # under 0.5 %: half the budget is back
+    ]
+    for state, obs, still_spent in cases:
+        d = decide(state, obs, params, 100)
+        assert (d.budget_spent, d.state.budget_spent) == (still_spent, still_spent), obs
+        assert d.desired_replicas == (9 if still_spent else 6), obs
+        assert d.utilization == (0.6 if still_spent else 0.9)
+    # The P99.5 of TPOT counts as well; E2E only where the spec sets it.
+    tpot = replace(steady(1.5, 1.9), budget_p995_tpot_seconds=0.2)
+    assert decide(spent, tpot, params, 100).budget_spent
+    e2e = replace(steady(1.5, 1.9), budget_p995_seconds=60.0)
+    assert not decide(spent, e2e, params, 100).budget_spent
+    with_e2e = LawParams(**{**params.__dict__, "slo_e2e_s": 30.0})
+    assert decide(spent, e2e, with_e2e, 100).budget_spent
 
 
 def test_a_fleet_that_never_ran_hot_still_shrinks_a_step_at_a_time():

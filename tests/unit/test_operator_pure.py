@@ -1,6 +1,7 @@
 """The operator's pure parts: manifests, conditions, the tick's observation and status, PromQL."""
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,24 @@ def test_a_spent_error_budget_shows_as_a_condition_with_the_utilization_in_force
     assert (kept["status"], kept["utilization"]) == ("False", SPEC.scaling.target_utilization)
     assert (spent["status"], spent["utilization"]) == ("True", SPEC.scaling.breached_utilization)
     assert "TTFT 3.500s" in spent["message"] and "utilization 0.6" in spent["message"]
+    assert spent["reason"] == "BudgetWindowP99AboveTarget"
+    # Back under 1 % missed but not under 0.5 %: still spent, and the reason says why.
+    obs = Observation(
+        queue_per_replica=0,
+        kv_usage=0.2,
+        ready_replicas=2,
+        pending_replicas=0,
+        running_per_replica=8,
+        budget_p99_ttft_seconds=1.9,
+        budget_p995_ttft_seconds=2.6,
+    )
+    d = decide(replace(state, budget_spent=True), obs, params, now=100.0)
+    status = decision_status(d, obs, previous_conditions=None, generation=1, now="t")
+    recovering = next(c for c in status["conditions"] if c["type"] == "ErrorBudgetSpent")
+    assert (recovering["status"], recovering["reason"]) == ("True", "HalfTheBudgetNotBack")
+    assert "P99.5 TTFT 2.600s" in recovering["message"]
+    assert status["lastDecision"]["inputs"]["budgetP995TtftSeconds"] == 2.6
+    assert status["controller"]["budgetSpent"] is True
 
 
 def test_missing_metrics_set_metrics_unavailable():
@@ -246,9 +265,10 @@ def test_one_round_is_a_constant_number_of_queries():
     assert len(round_queries([60])) == 17
     assert len(round_queries([60, 60])) == 17
     assert len(round_queries([60, 120])) == 25
-    # The budget window adds its three SLO P99s, none where it is an SLO window too.
-    assert len(round_queries([60], [3600])) == 20
-    assert len(round_queries([60], [60])) == 17
+    # The budget window adds its three SLO P99s (none where it is an SLO window too) and their
+    # three P99.5s, half the budget.
+    assert len(round_queries([60], [3600])) == 23
+    assert len(round_queries([60], [60])) == 20
     for query in round_queries([60]).values():
         assert "by (namespace, service" in query
 

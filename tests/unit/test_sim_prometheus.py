@@ -101,12 +101,25 @@ def test_no_data_is_none_not_zero():
 
 def test_every_query_of_the_operators_round_is_answered():
     pod = SimReplica(PROFILE, pod=0, batch_cap=8)
-    prom = EmulatedPrometheus(windows=(60, 120))
+    prom = EmulatedPrometheus(windows=(60, 120), budget_windows=(3600,))
     prom.scrape(0.0, [pod])
     pod.records.extend(ok(i, ttft=0.3, e2e=1.2) for i in range(5))
     pod.records.append(missed(5, "rejected"))
     prom.scrape(5.0, [pod])
-    assert set(prom.round(5.0).vectors) == set(round_queries([60, 120]))
+    assert set(prom.round(5.0).vectors) == set(round_queries([60, 120], [3600]))
+
+
+def test_the_budget_windows_half_budget_quantile():
+    # 1000 requests, 7 (0.7 %) with TTFT 3 s: the P99 is within a 2 s SLO, the P99.5 is not.
+    pod = SimReplica(PROFILE, pod=0, batch_cap=8)
+    prom = EmulatedPrometheus(windows=(60,), budget_windows=(3600,))
+    prom.scrape(0.0, [pod])
+    pod.records.extend(ok(i, ttft=0.3, e2e=1.2) for i in range(993))
+    pod.records.extend(ok(993 + i, ttft=3.0, e2e=4.0) for i in range(7))
+    prom.scrape(5.0, [pod])
+    s = prom.signals(5.0, 60, 3600)
+    assert s.budget_p99_ttft_seconds is not None and s.budget_p99_ttft_seconds < 2.0
+    assert s.budget_p995_ttft_seconds is not None and s.budget_p995_ttft_seconds > 2.0
 
 
 def test_samples_leave_the_rate_window():

@@ -1,0 +1,106 @@
+"""The autoscaling comparison of issue 10 again, on other draws of the same loads.
+
+`--rate-mode overlay` adds seeded, jittered copies of every request: each `--seed` is another
+plausible hour of the same service, with its bursts in other places. One draw can flatter a law
+(a burst that happens to spend its error budget early) or sink it (a burst that happens to meet
+a fleet that just shrank); the goal is judged on traces we do not have, so the defaults should
+hold across draws. Seed 0 is the draw of bench/results/autoscale_sim.md.
+
+    .venv/bin/python bench/autoscale_seeds.py               # seeds 1-4, about 12 min on 2 cores
+    .venv/bin/python bench/autoscale_seeds.py --seeds 1,2
+
+The shared code trace (x3) and the held-out Mooncake trace, 90 s pod start. The held-out Azure
+conversation trace is left out: 100k requests take 14 min a draw for every policy.
+
+Writes bench/results/autoscale_seeds.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from autoscale_sim import HELD_OUT, SLOS, held_out_scale, run_policies
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = (
+    "wok,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
+    ",ceiling,static-peak"
+)
+MOONCAKE = HELD_OUT["Mooncake conversation trace"]
+
+
+def loads() -> dict[str, list[str]]:
+    scale = held_out_scale(MOONCAKE)
+    return {
+        "shared Azure code trace, x3 overlay": [
+            "--rate-scale",
+            "3",
+            "--rate-mode",
+            "overlay",
+            *SLOS,
+        ],
+        f"held-out Mooncake conversation trace, x{scale:g} overlay": [
+            "--trace",
+            str(MOONCAKE),
+            "--rate-scale",
+            str(scale),
+            "--rate-mode",
+            "overlay",
+            *SLOS[:4],
+        ],
+    }
+
+
+def summary(by_seed: dict[int, dict[str, dict]]) -> str:
+    """One row per policy: each draw's attainment and GPU-h against that draw's static-peak."""
+    seeds = sorted(by_seed)
+    policies = list(next(iter(by_seed.values())))
+    head = "| policy | " + " | ".join(f"seed {s}" for s in seeds) + " | median |"
+    lines = [head, "|" + "---|" * (len(seeds) + 2)]
+    for name in policies:
+        cells, shares, ratios = [], [], []
+        for seed in seeds:
+            row, peak = by_seed[seed][name], by_seed[seed]["static-peak"]["gpu_hours"]
+            ratio = row["gpu_hours"] / peak
+            shares.append(row["slo_attainment"])
+            ratios.append(ratio)
+            cells.append(f"{row['slo_attainment']:.1%}, {row['gpu_hours']:.2f} ({ratio:.0%})")
+        median = f"{statistics.median(shares):.1%}, {statistics.median(ratios):.0%}"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {median} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="1,2,3,4", help="comma-separated overlay seeds")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results: dict[str, dict[int, dict[str, dict]]] = {}
+    for title, load in loads().items():
+        results[title] = {
+            seed: run_policies([*load, "--seed", str(seed)], 90, POLICIES) for seed in seeds
+        }
+    out = ROOT / "bench" / "results"
+    (out / "autoscale_seeds.json").write_text(json.dumps(results, indent=2) + "\n")
+    parts = [
+        "# Autoscaling across overlay draws (issue 10)",
+        "",
+        f"Made by `.venv/bin/python bench/autoscale_seeds.py --seeds {args.seeds}`: each cell is "
+        "`wok simulate … --seed N --cold-start 90 --policy …` (the loads and SLOs of "
+        "bench/results/autoscale_sim.md, whose tables are seed 0), all SLOs attainment, GPU-h "
+        "and GPU-h against that draw's static-peak. Fixed-batch baselines at their best B in "
+        "hindsight; `ceiling` is a bound (every pod from the first tick), not a policy.",
+    ]
+    for title, by_seed in results.items():
+        parts += ["", f"## {title}", "", summary(by_seed)]
+    (out / "autoscale_seeds.md").write_text("\n".join(parts) + "\n")
+    print(f"wrote {out / 'autoscale_seeds.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
