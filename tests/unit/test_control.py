@@ -640,6 +640,22 @@ def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
     assert state.replicas == 2, decision.reason
 
 
+def six_pods_serving_54_per_s(**budget: float | None) -> Observation:
+    """6 pods, 54 req/s at 10 a pod within the windowed SLOs, with the budget window's P99s."""
+    return Observation(
+        queue_per_replica=0,
+        kv_usage=0.02,
+        ready_replicas=6,
+        pending_replicas=0,
+        running_per_replica=10,
+        p99_ttft_seconds=0.5,
+        p99_tpot_seconds=0.05,
+        finished_per_s=54.0,
+        rejected_per_s=0.0,
+        **budget,  # type: ignore[arg-type]
+    )
+
+
 def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     """ρ is targetUtilization (0.9) while every P99 over the budget window meets its SLO, and
     breachedUtilization (0.6) while one breaks it: more than 1 % of the last hour missed, so the
@@ -647,20 +663,7 @@ def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     params = default_params()  # the spec's defaults, up to 32 replicas
     assert (params.target_utilization, params.breached_utilization) == (0.9, 0.6)
     state = LoopState(batch=200, replicas=6, service_rate=10.0, service_parallelism=1.0)
-
-    def steady(**budget: float) -> Observation:
-        return Observation(
-            queue_per_replica=0,
-            kv_usage=0.02,
-            ready_replicas=6,
-            pending_replicas=0,
-            running_per_replica=10,
-            p99_ttft_seconds=0.5,
-            p99_tpot_seconds=0.05,
-            finished_per_s=54.0,
-            rejected_per_s=0.0,
-            **budget,
-        )
+    steady = six_pods_serving_54_per_s
 
     # 54 req/s at 10 a pod: 5.4 pods of work → 6 at ρ 0.9, 9 at ρ 0.6.
     assert decide(state, steady(), params, 100).desired_replicas == 6
@@ -690,16 +693,7 @@ def test_a_spent_error_budget_keeps_its_headroom_until_half_the_budget_is_back()
     spent = replace(fresh, budget_spent=True)
 
     def steady(p99: float, p995: float | None) -> Observation:
-        return Observation(
-            queue_per_replica=0,
-            kv_usage=0.02,
-            ready_replicas=6,
-            pending_replicas=0,
-            running_per_replica=10,
-            p99_ttft_seconds=0.5,
-            p99_tpot_seconds=0.05,
-            finished_per_s=54.0,
-            rejected_per_s=0.0,
+        return six_pods_serving_54_per_s(
             budget_p99_ttft_seconds=p99,
             budget_p995_ttft_seconds=p995,
             budget_p99_tpot_seconds=0.05,
