@@ -390,9 +390,9 @@ def export_service_metrics(
     metrics.export_service(
         key,
         slos={
-            "ttft": (spec.slo.ttft_p99_seconds, obs.p99_ttft_seconds),
-            "tpot": (spec.slo.tpot_p99_seconds, obs.p99_tpot_seconds),
-            "e2e": (spec.slo.e2e_p99_seconds, obs.p99_seconds),
+            "ttft": (spec.slo.ttft_p99_seconds, obs.p99_ttft_seconds, obs.budget_p99_ttft_seconds),
+            "tpot": (spec.slo.tpot_p99_seconds, obs.p99_tpot_seconds, obs.budget_p99_tpot_seconds),
+            "e2e": (spec.slo.e2e_p99_seconds, obs.p99_seconds, obs.budget_p99_seconds),
         },
         batch=decision.batch,
         replicas=decision.replicas,

@@ -36,6 +36,12 @@ OBSERVED_P99_SECONDS = Gauge(
     "The P99 latencies the control loop last read, by SLO (absent while unknown)",
     SLO_LABELS,
 )
+BUDGET_WINDOW_P99_SECONDS = Gauge(
+    "wok_operator_budget_window_p99_seconds",
+    "The P99 latencies over spec.slo.budgetWindowSeconds the control loop last read, by SLO "
+    "(above the SLO: over 1 % of the window's requests missed, the error budget is spent)",
+    SLO_LABELS,
+)
 BATCH_SIZE = Gauge("wok_operator_batch_size", "The batch size the loop decided", SERVICE_LABELS)
 REPLICAS = Gauge("wok_operator_replicas", "The replica count the loop decided", SERVICE_LABELS)
 
@@ -43,16 +49,17 @@ REPLICAS = Gauge("wok_operator_replicas", "The replica count the loop decided", 
 def export_service(
     key: tuple[str, str],
     *,
-    slos: dict[str, tuple[float | None, float | None]],
+    slos: dict[str, tuple[float | None, float | None, float | None]],
     batch: int,
     replicas: int,
 ) -> None:
     """One tick's numbers for the service `key` (namespace, name); `slos` maps an SLO name to
-    (target, observed P99), either None when unset or unknown."""
+    (target, observed P99, P99 over the budget window), each None when unset or unknown."""
     BATCH_SIZE.labels(*key).set(batch)
     REPLICAS.labels(*key).set(replicas)
-    for slo, (target, observed) in slos.items():
-        for gauge, value in ((SLO_P99_SECONDS, target), (OBSERVED_P99_SECONDS, observed)):
+    gauges = (SLO_P99_SECONDS, OBSERVED_P99_SECONDS, BUDGET_WINDOW_P99_SECONDS)
+    for slo, values in slos.items():
+        for gauge, value in zip(gauges, values, strict=True):
             if value is not None and math.isfinite(value):
                 gauge.labels(*key, slo).set(value)
             else:
@@ -63,6 +70,6 @@ def export_service(
 def forget_service(key: tuple[str, str]) -> None:
     for gauge in (BATCH_SIZE, REPLICAS):
         gauge.remove(*key)
-    for gauge in (SLO_P99_SECONDS, OBSERVED_P99_SECONDS):
+    for gauge in (SLO_P99_SECONDS, OBSERVED_P99_SECONDS, BUDGET_WINDOW_P99_SECONDS):
         for slo in ("ttft", "tpot", "e2e"):
             gauge.remove(*key, slo)

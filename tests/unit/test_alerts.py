@@ -61,10 +61,16 @@ def test_every_alert_has_a_severity_and_a_runbook_section():
 
 
 def service_gauges(key: tuple[str, str], slo: str = "ttft") -> list[float | None]:
-    """SLO, observed P99 (of `slo`), batch size, replicas of one service (None: no sample)."""
+    """SLO, observed P99 and budget-window P99 (of `slo`), batch size, replicas of one service
+    (None: no sample)."""
     labels = dict(zip(metrics.SERVICE_LABELS, key, strict=True))
     values = []
-    for gauge in (metrics.SLO_P99_SECONDS, metrics.OBSERVED_P99_SECONDS):
+    slo_gauges = (
+        metrics.SLO_P99_SECONDS,
+        metrics.OBSERVED_P99_SECONDS,
+        metrics.BUDGET_WINDOW_P99_SECONDS,
+    )
+    for gauge in slo_gauges:
         name = gauge.describe()[0].name
         values.append(REGISTRY.get_sample_value(name, {**labels, "slo": slo}))
     for gauge in (metrics.BATCH_SIZE, metrics.REPLICAS):
@@ -87,14 +93,14 @@ class StopsAfterOneTick:
 
 async def test_service_gauges_follow_each_tick_and_go_with_the_service():
     key = ("team-a", "chat")
-    slos = {"ttft": (5.0, 7.5), "tpot": (0.1, 0.05), "e2e": (None, 30.0)}
+    slos = {"ttft": (5.0, 7.5, 5.5), "tpot": (0.1, 0.05, 0.06), "e2e": (None, 30.0, None)}
     metrics.export_service(key, slos=slos, batch=16, replicas=2)
-    assert service_gauges(key) == [5.0, 7.5, 16, 2]
-    assert service_gauges(key, "tpot") == [0.1, 0.05, 16, 2]
-    assert service_gauges(key, "e2e") == [None, 30.0, 16, 2]  # no E2E SLO set
+    assert service_gauges(key) == [5.0, 7.5, 5.5, 16, 2]
+    assert service_gauges(key, "tpot") == [0.1, 0.05, 0.06, 16, 2]
+    assert service_gauges(key, "e2e") == [None, 30.0, None, 16, 2]  # no E2E SLO set
 
-    metrics.export_service(key, slos={**slos, "ttft": (5.0, math.nan)}, batch=12, replicas=3)
-    assert service_gauges(key) == [5.0, None, 12, 3]
+    metrics.export_service(key, slos={**slos, "ttft": (5.0, math.nan, None)}, batch=12, replicas=3)
+    assert service_gauges(key) == [5.0, None, None, 12, 3]
 
     # The service is deleted: its daemon ends (here after one tick that finds nothing to do).
     await handlers.control_loop(
@@ -107,5 +113,5 @@ async def test_service_gauges_follow_each_tick_and_go_with_the_service():
         logger=None,
         runtime_pods={},
     )
-    assert service_gauges(key) == [None] * 4
-    assert service_gauges(key, "tpot") == [None] * 4
+    assert service_gauges(key) == [None] * 5
+    assert service_gauges(key, "tpot") == [None] * 5
