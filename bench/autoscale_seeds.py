@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from autoscale_sim import HELD_OUT, SLOS, held_out_scale, run_policies
+from autoscale_sim import HELD_OUT, held_out_load, held_out_scale, load_of, run_policies
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = (
@@ -34,24 +34,11 @@ MOONCAKE = HELD_OUT["Mooncake conversation trace"]
 
 
 def loads() -> dict[str, list[str]]:
-    scale = held_out_scale(MOONCAKE)
     return {
-        "shared Azure code trace, x3 overlay": [
-            "--rate-scale",
-            "3",
-            "--rate-mode",
-            "overlay",
-            *SLOS,
-        ],
-        f"held-out Mooncake conversation trace, x{scale:g} overlay": [
-            "--trace",
-            str(MOONCAKE),
-            "--rate-scale",
-            str(scale),
-            "--rate-mode",
-            "overlay",
-            *SLOS[:4],
-        ],
+        "shared Azure code trace, x3 overlay": load_of("overlay"),
+        f"held-out Mooncake conversation trace, x{held_out_scale(MOONCAKE):g} overlay": (
+            held_out_load(MOONCAKE)
+        ),
     }
 
 

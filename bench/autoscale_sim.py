@@ -69,6 +69,21 @@ def load_of(mode: str, trace: str | None = None) -> list[str]:
     return ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
 
 
+def held_out_load(trace: Path) -> list[str]:
+    """A held-out trace's `wok simulate` arguments: overlay-scaled like the shared trace
+    (`held_out_scale`), TTFT and TPOT SLOs."""
+    scale = held_out_scale(trace)
+    return [
+        "--trace",
+        str(trace),
+        "--rate-scale",
+        str(scale),
+        "--rate-mode",
+        "overlay",
+        *SLOS[:4],
+    ]
+
+
 def run_policies(load: list[str], cold_start: int, policies: str) -> dict:
     command = [
         str(ROOT / ".venv" / "bin" / "wok"),
@@ -171,11 +186,10 @@ def main() -> int:
     for title, path in HELD_OUT.items():
         if args.quick or not path.exists():
             continue
-        scale = held_out_scale(path)
-        load = ["--trace", str(path), "--rate-scale", str(scale), "--rate-mode", "overlay"]
+        load = held_out_load(path)
         for start in (90, 180):
-            held_out[f"{title}, x{scale:g} overlay, {start} s pod start"] = run_simulate(
-                [*load, *SLOS[:4]], start, f"{AUTOSCALERS},{STATIC}"
+            held_out[f"{title}, x{held_out_scale(path):g} overlay, {start} s pod start"] = (
+                run_simulate(load, start, f"{AUTOSCALERS},{STATIC}")
             )
     for tables in (results, held_out, synthetic):
         for title, rows in tables.items():

@@ -200,19 +200,24 @@ def test_state_round_trips_through_status():
     assert types["Progressing"] == "True"
 
 
+def two_quiet_pods(**budget: float) -> Observation:
+    """Two pods with 8 running and no queue, with the budget window's P99s and P99.5s."""
+    return Observation(
+        queue_per_replica=0,
+        kv_usage=0.2,
+        ready_replicas=2,
+        pending_replicas=0,
+        running_per_replica=8,
+        **budget,  # type: ignore[arg-type]
+    )
+
+
 def test_a_spent_error_budget_shows_as_a_condition_with_the_utilization_in_force():
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
     state = LoopState(batch=32, replicas=2)
     conditions = {}
     for budget_ttft in (1.2, 3.5):
-        obs = Observation(
-            queue_per_replica=0,
-            kv_usage=0.2,
-            ready_replicas=2,
-            pending_replicas=0,
-            running_per_replica=8,
-            budget_p99_ttft_seconds=budget_ttft,
-        )
+        obs = two_quiet_pods(budget_p99_ttft_seconds=budget_ttft)
         d = decide(state, obs, params, now=100.0)
         status = decision_status(d, obs, previous_conditions=None, generation=1, now="t")
         inputs = status["lastDecision"]["inputs"]
@@ -227,15 +232,7 @@ def test_a_spent_error_budget_shows_as_a_condition_with_the_utilization_in_force
     assert "TTFT 3.500s" in spent["message"] and "utilization 0.6" in spent["message"]
     assert spent["reason"] == "BudgetWindowP99AboveTarget"
     # Back under 1 % missed but not under 0.5 %: still spent, and the reason says why.
-    obs = Observation(
-        queue_per_replica=0,
-        kv_usage=0.2,
-        ready_replicas=2,
-        pending_replicas=0,
-        running_per_replica=8,
-        budget_p99_ttft_seconds=1.9,
-        budget_p995_ttft_seconds=2.6,
-    )
+    obs = two_quiet_pods(budget_p99_ttft_seconds=1.9, budget_p995_ttft_seconds=2.6)
     d = decide(replace(state, budget_spent=True), obs, params, now=100.0)
     status = decision_status(d, obs, previous_conditions=None, generation=1, now="t")
     recovering = next(c for c in status["conditions"] if c["type"] == "ErrorBudgetSpent")
