@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 WOK := $(VENV)/bin/wok
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-fast lint crds demo tools cluster-bin image clean
+.PHONY: all venv test test-fast lint crds demo tools cluster-bin image-tools image clean
 
 all: test
 
@@ -37,17 +37,22 @@ tools:
 cluster-bin:
 	@if [ -x e2e/cluster/build.sh ]; then e2e/cluster/build.sh; fi
 
-test: venv tools cluster-bin image
+# The images go to the local store only: the tests write the one archive they check (the
+# runtime's is 6 GB, twice that while podman writes it).
+test: venv tools cluster-bin image-tools
+	$(PY) -m wok_cluster.images --no-archive
 	$(PY) -m pytest -q
 
 # The operator and runtime images (docs/images.md): podman/buildah/mmdebstrap from Debian, a
 # bookworm base from Debian's packages, torch's wheels once into ~/.cache/wok/wheels; then
 # oci-archives under build/images/. Warm (layer cache): seconds.
 IMAGE_TOOLS := podman buildah mmdebstrap runc skopeo uidmap fuse-overlayfs
-image: venv
+image-tools:
 	@# The loop runs in a subshell: its `exit 1` must fall through to the install, not end make's shell.
 	@(for tool in podman buildah mmdebstrap runc skopeo; do command -v $$tool >/dev/null || exit 1; done) || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(IMAGE_TOOLS); }
+
+image: venv image-tools
 	$(PY) -m wok_cluster.images
 
 test-fast: venv

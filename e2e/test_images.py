@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -67,6 +68,20 @@ def test_the_archive_is_the_image_for_skopeo_copy(built_images):
     assert archive == images.OUT / f"wok-operator-{images.version()}.oci.tar"
     stored = skopeo_config(f"containers-storage:{images.OPERATOR.tag}")
     assert skopeo_config(f"oci-archive:{archive}") == stored
+
+
+def test_an_archive_with_no_room_for_it_stops_before_writing(built_images, monkeypatch, tmp_path):
+    """podman save stages every blob before it writes the archive: with less than twice the
+    image's size free, a clear error and nothing half-written (CI once ran the disk full here)."""
+    image = images.RUNTIME
+    monkeypatch.setattr(images, "OUT", tmp_path)
+    one_gib_free = shutil.disk_usage(tmp_path)._replace(free=2**30)
+    monkeypatch.setattr(images.shutil, "disk_usage", lambda _: one_gib_free)
+    with pytest.raises(
+        images.ImageError, match=r"wok-runtime-.*\.oci\.tar needs about .* GiB free"
+    ):
+        images.export(image)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_operator_image_has_no_torch(built_images):

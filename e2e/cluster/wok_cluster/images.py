@@ -126,10 +126,10 @@ def image_id(ref: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _run(argv: list[str], timeout: float) -> None:
+def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
     """A heavy step, niced: it shares the machine with benchmarks."""
     niced = ["nice", "-n", "19", "ionice", "-c3", *argv]
-    done = subprocess.run(niced, env=podman_env(), timeout=timeout, check=False)
+    done = subprocess.run(niced, env=env or podman_env(), timeout=timeout, check=False)
     if done.returncode != 0:
         raise ImageError(f"{' '.join(argv[:3])}… exited {done.returncode}")
 
@@ -231,7 +231,22 @@ def export(image: Image) -> bool:
         return False
     partial = image.archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
-    _run(["podman", "save", "--format=oci-archive", f"--output={partial}", image.tag], 1800)
+    # podman save stages every blob in TMPDIR before it writes the archive: about twice the
+    # image's size, both kept under OUT so that one check of one disk covers it
+    size = int(podman("image", "inspect", "--format={{.Size}}", image.tag).stdout.strip())
+    free = shutil.disk_usage(OUT).free
+    if free < 2 * size:
+        raise ImageError(
+            f"writing {image.archive.name} needs about {2 * size / 2**30:.1f} GiB free under "
+            f"{OUT}, and {free / 2**30:.1f} GiB are: free some, or build with --no-archive"
+        )
+    staging = OUT / "tmp"
+    staging.mkdir(exist_ok=True)
+    save = ["podman", "save", "--format=oci-archive", f"--output={partial}", image.tag]
+    try:
+        _run(save, 1800, env={**podman_env(), "TMPDIR": str(staging)})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     partial.rename(image.archive)
     stamp.write_text(current or "")
     return True
