@@ -27,7 +27,8 @@ same slice (its sweep over B ∈ {16 … 256} ≤ B_mem), unless `--fixed-batch`
 starts from the same ready fleet: the simulator's warm start for the slice (the planner's fleet
 for the busiest minute of the first five), unless `--initial-replicas` says otherwise. The trace
 is replayed against the ready pods through a least-outstanding-requests router (a gateway's job;
-a pod that refuses with 503 `draining`/`loading` is retried on another). Per request, on the
+a refused connection or a 503 `draining`/`loading` is retried, up to three attempts, each on a
+pod not tried yet). Per request, on the
 client, from its scheduled arrival: TTFT, TPOT (the mean per output token after the first), E2E,
 status. Reported: SLO attainment (each and all together), P99s, pod-hours (a pod counts from
 creation to deletion, pending included, within the trace's span as the simulator counts them;
@@ -65,6 +66,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,11 +355,15 @@ class Fleet:
             }
         )
 
-    def pick(self) -> str | None:
-        """The ready pod with the fewest requests in flight from this client."""
-        if not self.ready:
+    def pick(self, tried: Collection[str] = ()) -> str | None:
+        """The ready pod with the fewest requests in flight from this client, none of `tried`:
+        a retry goes to another pod, as a gateway's does (Envoy's `previous_hosts` predicate).
+        Otherwise a pod that has closed its listener to drain, with nothing in flight, is the
+        least loaded and takes every retry until the next poll."""
+        candidates = [ip for ip in self.ready if ip not in tried]
+        if not candidates:
             return None
-        return min(self.ready, key=lambda ip: (self.outstanding.get(ip, 0), random.random()))
+        return min(candidates, key=lambda ip: (self.outstanding.get(ip, 0), random.random()))
 
 
 def _retryable(result: RequestResult) -> bool:
@@ -401,11 +407,13 @@ async def replay(
         await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - started)))
         result = RequestResult(expected_tokens=spec.output_len, error="no ready pod")
         attempts = 0
+        tried: set[str] = set()
         for _ in range(3):
-            ip = fleet.pick()
+            ip = fleet.pick(tried)
             if ip is None:
                 await asyncio.sleep(0.5)
                 continue
+            tried.add(ip)
             fleet.outstanding[ip] = fleet.outstanding.get(ip, 0) + 1
             late = time.perf_counter() - started - spec.send_at
             if not attempts:  # how late the client itself was (a starved event loop)
@@ -671,7 +679,8 @@ def write_markdown(data: dict[str, Any]) -> str:
         "scheduled arrival; 429s, timeouts and failures miss all three. Every run starts from "
         "the same ready fleet, the simulator's warm start for the slice; at most "
         f"{s.max_replicas} replicas. Requests go to the ready pod with the fewest in flight "
-        "(the simulator's `least-loaded`). Pod-hours count every pod from creation to deletion, "
+        "(the simulator's `least-loaded`); a refused connection or a 503 `draining`/`loading` "
+        "is retried on a pod not tried yet, at most three attempts. Pod-hours count every pod from creation to deletion, "
         "pending and terminating included, within the trace's span (as the simulator bills; "
         "with the tail until the last answer in the JSON).",
         "",
