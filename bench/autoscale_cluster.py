@@ -680,7 +680,8 @@ def write_markdown(data: dict[str, Any]) -> str:
         "the same ready fleet, the simulator's warm start for the slice; at most "
         f"{s.max_replicas} replicas. Requests go to the ready pod with the fewest in flight "
         "(the simulator's `least-loaded`); a refused connection or a 503 `draining`/`loading` "
-        "is retried on a pod not tried yet, at most three attempts. Pod-hours count every pod from creation to deletion, "
+        "is retried on a pod not tried yet, at most three attempts. Pod-hours count every pod "
+        "from creation to deletion, "
         "pending and terminating included, within the trace's span (as the simulator bills; "
         "with the tail until the last answer in the JSON).",
         "",
