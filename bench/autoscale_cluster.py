@@ -309,7 +309,9 @@ class Fleet:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
     send_late: list[float] = field(default_factory=list)  # s after the arrival, first attempts
+    decisions: Path | None = None  # each new status.lastDecision appended, one JSON a line
     _last: tuple[float, int] | None = None
+    _last_decision: str | None = None
 
     def list_pods(self) -> list[dict]:
         pods = self.api.get(
@@ -342,6 +344,12 @@ class Fleet:
         deployment = self.api.get(
             f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{NAME}-runtime"
         )
+        decision = wis.get("status", {}).get("lastDecision")
+        if self.decisions is not None and decision and decision["time"] != self._last_decision:
+            # the operator's reasons, kept for after the run (its namespace goes with it)
+            self._last_decision = decision["time"]
+            with self.decisions.open("a") as out:
+                out.write(json.dumps({"t": round(t, 1), **decision}) + "\n")
         self.timeline.append(
             {
                 "t": round(t, 1),
@@ -583,7 +591,8 @@ def run_policy(
             applied = kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc))
             if applied.returncode != 0:
                 raise RuntimeError(f"kubectl apply: {applied.stderr}")
-            fleet = Fleet(api, namespace, s.horizon_s)
+            decisions = run_dir / f"decisions-{namespace}.jsonl"
+            fleet = Fleet(api, namespace, s.horizon_s, decisions=decisions)
             print(f"[{policy}] waiting for {initial} ready pods", file=sys.stderr, flush=True)
 
             def fleet_ready() -> bool:
