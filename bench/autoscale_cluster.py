@@ -28,12 +28,12 @@ starts from the same ready fleet: the simulator's warm start for the slice (the 
 for the busiest minute of the first five), unless `--initial-replicas` says otherwise. The trace
 is replayed against the ready pods through a least-outstanding-requests router (a gateway's job;
 a refused connection or a 503 `draining`/`loading` is retried, up to three attempts, each on a
-pod not tried yet). Per request, on the
-client, from its scheduled arrival: TTFT, TPOT (the mean per output token after the first), E2E,
-status. Reported: SLO attainment (each and all together), P99s, pod-hours (a pod counts from
-creation to deletion, pending included, within the trace's span as the simulator counts them;
-with the tail until the last answer apart), scale events, direction flips, 429s; the machine's
-load average during the run (other work shares its cores); plots of load, pods and batch.
+pod not tried yet). Per request, on the client, from its scheduled arrival: TTFT, TPOT (the mean
+per output token after the first), E2E, status. Reported: SLO attainment (each and all
+together), P99s, pod-hours (a pod counts from creation to deletion, pending included, within
+the trace's span as the simulator counts them; with the tail until the last answer apart),
+scale events, direction flips, 429s; the machine's load average during the run (other work
+shares its cores); plots of load, pods and batch.
 
 Beside each run: `wok simulate` on the same slice (written to a CSV in the trace's format), the
 same rate scale, overlay mode, seed, SLOs, profile, warm start, max replicas, a cold start of
@@ -690,8 +690,8 @@ def write_markdown(data: dict[str, Any]) -> str:
         f"{s.max_replicas} replicas. Requests go to the ready pod with the fewest in flight "
         "(the simulator's `least-loaded`); a refused connection or a 503 `draining`/`loading` "
         "is retried on a pod not tried yet, at most three attempts. Pod-hours count every pod "
-        "from creation to deletion, "
-        "pending and terminating included, within the trace's span (as the simulator bills; "
+        "from creation to deletion, pending and terminating included, within the trace's span "
+        "(as the simulator bills; "
         "with the tail until the last answer in the JSON).",
         "",
         "- `keda-waiting`: KEDA ScaledObject, Prometheus trigger "

@@ -34,11 +34,10 @@ MOONCAKE = HELD_OUT["Mooncake conversation trace"]
 
 
 def loads() -> dict[str, list[str]]:
+    scale = held_out_scale(MOONCAKE)
     return {
         "shared Azure code trace, x3 overlay": load_of("overlay"),
-        f"held-out Mooncake conversation trace, x{held_out_scale(MOONCAKE):g} overlay": (
-            held_out_load(MOONCAKE)
-        ),
+        f"held-out Mooncake conversation trace, x{scale:g} overlay": held_out_load(MOONCAKE, scale),
     }
 
 

@@ -69,10 +69,9 @@ def load_of(mode: str, trace: str | None = None) -> list[str]:
     return ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
 
 
-def held_out_load(trace: Path) -> list[str]:
-    """A held-out trace's `wok simulate` arguments: overlay-scaled like the shared trace
-    (`held_out_scale`), TTFT and TPOT SLOs."""
-    scale = held_out_scale(trace)
+def held_out_load(trace: Path, scale: float) -> list[str]:
+    """A held-out trace's `wok simulate` arguments: overlay at `scale` (`held_out_scale`), TTFT
+    and TPOT SLOs."""
     return [
         "--trace",
         str(trace),
@@ -186,10 +185,11 @@ def main() -> int:
     for title, path in HELD_OUT.items():
         if args.quick or not path.exists():
             continue
-        load = held_out_load(path)
+        scale = held_out_scale(path)
+        load = held_out_load(path, scale)
         for start in (90, 180):
-            held_out[f"{title}, x{held_out_scale(path):g} overlay, {start} s pod start"] = (
-                run_simulate(load, start, f"{AUTOSCALERS},{STATIC}")
+            held_out[f"{title}, x{scale:g} overlay, {start} s pod start"] = run_simulate(
+                load, start, f"{AUTOSCALERS},{STATIC}"
             )
     for tables in (results, held_out, synthetic):
         for title, rows in tables.items():

@@ -126,6 +126,11 @@ def image_id(ref: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def image_size(ref: str) -> int:
+    """Bytes, as podman's local store counts them."""
+    return int(podman("image", "inspect", "--format={{.Size}}", ref).stdout.strip())
+
+
 def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
     """A heavy step, niced: it shares the machine with benchmarks."""
     niced = ["nice", "-n", "19", "ionice", "-c3", *argv]
@@ -233,7 +238,7 @@ def export(image: Image) -> bool:
     partial.unlink(missing_ok=True)
     # podman save stages every blob in TMPDIR before it writes the archive: about twice the
     # image's size, both kept under OUT so that one check of one disk covers it
-    size = int(podman("image", "inspect", "--format={{.Size}}", image.tag).stdout.strip())
+    size = image_size(image.tag)
     free = shutil.disk_usage(OUT).free
     if free < 2 * size:
         raise ImageError(
@@ -284,9 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make image: {error}", file=sys.stderr)
         return 1
     for image in IMAGES:
-        size = podman("image", "inspect", "--format={{.Size}}", image.tag).stdout.strip()
+        size = image_size(image.tag)
         where = f" and {image.archive.relative_to(ROOT)}" if not args.no_archive else ""
-        print(f"{image.tag} ({int(size) / 2**30:.2f} GiB){where}")
+        print(f"{image.tag} ({size / 2**30:.2f} GiB){where}")
     print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
     return 0
 
