@@ -103,6 +103,13 @@ def _register_serve(runtime: Any) -> None:
     p.add_argument("--tenant-kv-share", type=float, default=1.0)
     p.add_argument("--drain-seconds", type=float, default=30.0)
     p.add_argument(
+        "--unready-seconds",
+        type=float,
+        default=3.0,
+        help="after SIGTERM, answer 503 draining at least this long (within --drain-seconds) "
+        "so that endpoints drop the pod before its port closes",
+    )
+    p.add_argument(
         "--stream-interval",
         type=int,
         default=1,

@@ -87,6 +87,9 @@ class ServerConfig:
     priority_classes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
     default_priority: int = 1
     drain_seconds: float = 30.0
+    # Endpoints drop a pod a moment after it turns unready; until then requests still come, and a
+    # 503 `draining` sends them to another pod where a closed port fails them.
+    unready_seconds: float = 3.0
     load_seconds: float = 0.0  # listening but not ready this long first (the simulated load)
 
     def __post_init__(self) -> None:
@@ -98,6 +101,8 @@ class ServerConfig:
             raise ValueError("at least one priority class is needed")
         if not (math.isfinite(self.drain_seconds) and self.drain_seconds >= 0):
             raise ValueError(f"drain seconds must be >= 0, got {self.drain_seconds}")
+        if not (math.isfinite(self.unready_seconds) and self.unready_seconds >= 0):
+            raise ValueError(f"unready seconds must be >= 0, got {self.unready_seconds}")
         if not (math.isfinite(self.load_seconds) and self.load_seconds >= 0):
             raise ValueError(f"load seconds must be >= 0, got {self.load_seconds}")
 
@@ -904,15 +909,19 @@ def read_admin_token(path: str | None) -> str | None:
     return os.environ.get("WOK_ADMIN_TOKEN", "").strip() or None
 
 
-def _drain_then_exit(uv: Any, server: Server, drain_seconds: float) -> None:
-    """SIGTERM: not ready, no admissions; exit once nothing is in flight (or the grace is up)."""
+def _drain_then_exit(uv: Any, server: Server) -> None:
+    """SIGTERM: not ready, no admissions; exit once nothing is in flight and the endpoints have
+    had `unready_seconds` to drop the pod (or the drain grace is up)."""
+    drain_seconds = server.config.drain_seconds
 
     async def drain() -> None:
-        deadline = time.monotonic() + drain_seconds
+        start = time.monotonic()
+        deadline = start + drain_seconds
+        listen_until = start + min(server.config.unready_seconds, drain_seconds)
         while time.monotonic() < deadline:
             s = server.engine.stats()
             busy = s.num_running + s.num_waiting + s.batch_running + s.batch_waiting
-            if server.state.in_flight == 0 and busy == 0:
+            if server.state.in_flight == 0 and busy == 0 and time.monotonic() >= listen_until:
                 break
             await asyncio.sleep(0.05)
         else:
@@ -987,6 +996,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         priority_classes=classes,
         default_priority=classes.get("standard", min(classes.values())),
         drain_seconds=args.drain_seconds,
+        unready_seconds=args.unready_seconds,
         load_seconds=load_seconds,
     )
     engine_config = EngineConfig(
@@ -1027,7 +1037,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         access_log=False,
     )
-    uv = _DrainingServer(uv_config, app.state.server, config.drain_seconds)
+    uv = _DrainingServer(uv_config, app.state.server)
     uv.run()
     return 0
 
@@ -1035,17 +1045,16 @@ def serve_from_args(args: argparse.Namespace) -> int:
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server, except that the first SIGTERM drains instead of closing at once."""
 
-    def __init__(self, config: uvicorn.Config, server: Server, drain_seconds: float) -> None:
+    def __init__(self, config: uvicorn.Config, server: Server) -> None:
         super().__init__(config)
         self.app_server = server
-        self.drain_seconds = drain_seconds
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown, and the
         # process must exit 0 after a clean drain.
         if sig == signal.SIGTERM and not self.app_server.state.draining and self.started:
             loop = asyncio.get_event_loop()
-            loop.call_soon_threadsafe(_drain_then_exit, self, self.app_server, self.drain_seconds)
+            loop.call_soon_threadsafe(_drain_then_exit, self, self.app_server)
         elif self.should_exit:
             self.force_exit = True
         else:

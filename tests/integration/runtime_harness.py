@@ -84,6 +84,7 @@ def start_server(
         sys.executable, *launcher, "runtime", "serve",
         "--model", "builtin:tiny", "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "256", "--log-level", "warning",
+        "--unready-seconds", "0",  # no endpoints in front of a test's server to drop it
     ]  # fmt: skip
     if kv_cache_bytes is not None:
         argv += ["--kv-cache-bytes", str(kv_cache_bytes)]

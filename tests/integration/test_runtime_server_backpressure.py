@@ -150,6 +150,23 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path):
     assert outcomes == [("length", 100)] * 4
 
 
+def test_an_idle_server_answers_draining_until_its_endpoints_can_drop_it(tmp_path: Path):
+    # A load balancer still sends requests for a moment after the pod turns unready: they must
+    # get a retryable 503, not a refused connection, until --unready-seconds has passed.
+    server = start_server(tmp_path, "--drain-seconds", "30", "--unready-seconds", "2")
+    server.proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    time.sleep(0.2)  # the handler runs on the server's loop
+    answers = []
+    while time.monotonic() - signalled < 1.5:
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        answers.append((r.status_code, r.json()["error"]["code"]))
+        time.sleep(0.1)
+    assert answers and set(answers) == {(503, "draining")}, answers
+    assert server.proc.wait(30) == 0, server.log()
+    assert time.monotonic() - signalled >= 2.0
+
+
 def _tenant_run(server: RuntimeServer) -> tuple[list[int], int, float]:
     """Tenant B (priority batch) holds a long request; tenant A (interactive, which ranks above
     B and so may evict it) floods. Returns the statuses, B's preemptions and the total."""

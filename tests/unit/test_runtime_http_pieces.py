@@ -341,6 +341,8 @@ def test_priority_classes_and_server_config():
         ServerConfig(served_model_name="m", admin_token="short")
     with pytest.raises(ValueError):
         ServerConfig(served_model_name="m", drain_seconds=-1)
+    with pytest.raises(ValueError):
+        ServerConfig(served_model_name="m", unready_seconds=float("nan"))
     assert ServerConfig(served_model_name="m").max_priority == 2
 
 
