@@ -99,12 +99,10 @@ class ServerConfig:
             raise ValueError("the admin token must be at least 8 characters")
         if not self.priority_classes:
             raise ValueError("at least one priority class is needed")
-        if not (math.isfinite(self.drain_seconds) and self.drain_seconds >= 0):
-            raise ValueError(f"drain seconds must be >= 0, got {self.drain_seconds}")
-        if not (math.isfinite(self.unready_seconds) and self.unready_seconds >= 0):
-            raise ValueError(f"unready seconds must be >= 0, got {self.unready_seconds}")
-        if not (math.isfinite(self.load_seconds) and self.load_seconds >= 0):
-            raise ValueError(f"load seconds must be >= 0, got {self.load_seconds}")
+        for name in ("drain_seconds", "unready_seconds", "load_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name.replace('_', ' ')} must be >= 0, got {value}")
 
     @property
     def max_priority(self) -> int:
