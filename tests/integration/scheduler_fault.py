@@ -2,7 +2,8 @@
 on demand. Not a mock: everything is the real runtime except the one call that is made to fail.
 
 Usage: `python scheduler_fault.py runtime serve …` with `WOK_TEST_FAULT_FILE` naming a file. While
-that file holds `schedule`, every `Scheduler.schedule` raises (the loop cannot continue); when it
+that file holds `schedule`, every `Scheduler.schedule` with a request to serve raises (the loop
+cannot continue; an idle pass of the loop must not trip it before the request arrives); when it
 holds `postprocess`, the next `Scheduler.postprocess` raises once and the file is removed.
 """
 
@@ -29,7 +30,7 @@ def _armed(fault: str) -> bool:
 
 
 def schedule(self: Scheduler, now: float) -> Any:
-    if _armed("schedule"):
+    if self.has_work() and _armed("schedule"):
         raise RuntimeError("injected scheduler fault")
     return _schedule(self, now)
 
