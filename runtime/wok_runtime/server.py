@@ -36,11 +36,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wok_runtime import protocol as p
 from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.metrics import (
+    AUTH_INVALID,
+    AUTH_MISSING,
     REJECT_DRAINING,
     REJECT_QUEUE_FULL,
     REJECT_QUEUE_TIMEOUT,
@@ -219,6 +222,34 @@ def _format_chat_prompt(tokenizer: Any, messages: list[p.ChatMessage], add_gen: 
         raise APIError(400, f"the chat template failed: {error}", param="messages") from error
 
 
+class AuthFailureLog:
+    """Logs failed admin authentications at most once per `interval_s`, with how many there were
+    since the last line: a guessing attack is seen in the log without flooding it."""
+
+    def __init__(
+        self, interval_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.unlogged = 0
+        self._last_line: float | None = None
+
+    def failed(self, client: str, reason: str) -> None:
+        self.unlogged += 1
+        now = self.clock()
+        if self._last_line is not None and now - self._last_line < self.interval_s:
+            return
+        log.warning(
+            "admin API: %d failed authentication(s) since the last report (the latest from %s: "
+            "%s bearer token)",
+            self.unlogged,
+            client,
+            reason,
+        )
+        self.unlogged = 0
+        self._last_line = now
+
+
 class Server:
     """The app's request logic over one engine; `create_app` wires it into FastAPI."""
 
@@ -228,6 +259,36 @@ class Server:
         self.metrics = metrics
         self.state = ServerState()
         self.vocab_size: int = engine.vocab_size
+        self.auth_failures = AuthFailureLog()
+
+    def require_admin(self, request: Request) -> None:
+        """403 without a configured token, 401 (counted, and logged at a bounded rate) without
+        the right one. Called before the body is read, so an unauthenticated caller learns
+        nothing about what the body may hold."""
+        if self.config.admin_token is None:
+            raise APIError(
+                403,
+                "the admin API is disabled: start the server with "
+                "--admin-token-file or WOK_ADMIN_TOKEN",
+                type="permission_error",
+                code="admin_disabled",
+            )
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            reason = AUTH_MISSING
+        elif hmac.compare_digest(token.strip().encode(), self.config.admin_token.encode()):
+            return
+        else:
+            reason = AUTH_INVALID
+        self.metrics.auth_failed(reason)
+        self.auth_failures.failed(request.client.host if request.client else "?", reason)
+        raise APIError(
+            401,
+            "a valid bearer token is required",
+            type="authentication_error",
+            code="unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -559,9 +620,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = error.errors()
         first = errors[0] if errors else {}
         json_invalid = first.get("type") == "json_invalid"
-        loc = [] if json_invalid else [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = [] if json_invalid else [_printable(x) for x in first.get("loc", ()) if x != "body"]
         what = "invalid JSON" if json_invalid else ".".join(loc) or "body"
-        message = f"{what}: {first.get('msg', 'invalid request')}"
+        message = _printable(first.get("msg", "invalid request"))
+        if not message.startswith("Invalid JSON"):
+            message = f"{what}: {message}"
+        if str(first.get("type", "")).endswith("_type"):  # say what came instead
+            message += f", got {_json_type(first.get('input'))}"
         # OpenAI answers 400 for every invalid request; the admin API keeps FastAPI's 422.
         status = 422 if request.url.path.startswith("/admin/") else 400
         return APIError(
@@ -587,6 +652,18 @@ def _install_error_handlers(app: FastAPI) -> None:
             type="internal_error",
             code="internal_error",
         ).response()
+
+
+def _printable(value: object) -> str:
+    """Text safe to put in a UTF-8 answer: a lone surrogate in a client's field name would
+    otherwise fail the error's own encoding (a 500 for a 400)."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "an array", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _usage(prompt: int, completion: int) -> p.Usage:
@@ -798,28 +875,6 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
         return await run(request, body, ids, max_tokens, chunk, response)
 
-    def require_admin(request: Request) -> None:
-        if config.admin_token is None:
-            raise APIError(
-                403,
-                "the admin API is disabled: start the server with "
-                "--admin-token-file or WOK_ADMIN_TOKEN",
-                type="permission_error",
-                code="admin_disabled",
-            )
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), config.admin_token.encode()
-        )
-        if not ok:
-            raise APIError(
-                401,
-                "a valid bearer token is required",
-                type="authentication_error",
-                code="unauthorized",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
     def batching_state() -> p.BatchingState:
         b = engine.get_batching()
         return p.BatchingState(
@@ -837,7 +892,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         responses=_ADMIN_RESPONSES,
     )
     async def get_batching(request: Request) -> p.BatchingState:
-        require_admin(request)
+        server.require_admin(request)
         return batching_state()
 
     @app.put(
@@ -845,9 +900,15 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         response_model=p.BatchingState,
         tags=["admin"],
         responses=_ADMIN_RESPONSES,
+        openapi_extra={"requestBody": _json_body(p.BatchingUpdate)},
     )
-    async def put_batching(request: Request, update: p.BatchingUpdate) -> p.BatchingState:
-        require_admin(request)
+    async def put_batching(request: Request) -> p.BatchingState:
+        # The body is read here, not declared, so that FastAPI cannot validate it first.
+        server.require_admin(request)
+        try:
+            update = p.BatchingUpdate.model_validate_json(await request.body())
+        except ValidationError as error:
+            raise RequestValidationError(error.errors()) from error
         try:
             engine.set_batching(
                 max_batch_size=update.max_batch_size, max_wait_ms=update.max_wait_ms
@@ -857,6 +918,12 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         state = batching_state()
         log.info("admin: batching set to %s", state.model_dump())
         return state
+
+
+def _json_body(model: type[p.BaseModel]) -> dict[str, Any]:
+    """An OpenAPI requestBody for a body a handler reads itself."""
+    schema = model.model_json_schema()
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
 def _timing_headers(tracked: _Tracked) -> dict[str, str]:
