@@ -45,11 +45,22 @@ Priority = int | str
 STRICT = ConfigDict(extra="ignore", strict=True)
 
 
+def _encodes(text: str) -> bool:
+    """Whether `text` is valid Unicode (a scan in C: a prompt may be megabytes)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def lone_surrogate(value: Any, path: str = "") -> str | None:
     """Where `value` (parsed JSON) holds a lone UTF-16 surrogate, as `messages.0.content`; else
     None. JSON's `\\uD800` escapes decode to one in Python, and nothing can encode it as UTF-8."""
     if isinstance(value, str):
-        return path if any("\ud800" <= c <= "\udfff" for c in value) else None
+        return None if _encodes(value) else path
     if isinstance(value, dict):
         items = list(value.items())
     elif isinstance(value, list):

@@ -62,6 +62,9 @@ TENANT_HEADER = "x-wok-tenant"
 PREEMPTIONS_HEADER = "x-wok-preemptions"  # on non-streamed answers: times it was preempted
 QUEUE_TIME_HEADER = "x-wok-queue-seconds"  # on non-streamed answers: arrival to first step
 MAX_TENANT_LEN = 128
+#: 8 MiB: a million-token context as text or token ids, with room to spare. A body is parsed and
+#: validated on the event loop that answers the probes, so its size must have a bound.
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 #: Used when the tokenizer has no chat template (documented in the README of the runtime).
 FALLBACK_CHAT_TEMPLATE = (
@@ -94,6 +97,7 @@ class ServerConfig:
     # 503 `draining` sends them to another pod where a closed port fails them.
     unready_seconds: float = 3.0
     load_seconds: float = 0.0  # listening but not ready this long first (the simulated load)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -102,6 +106,8 @@ class ServerConfig:
             raise ValueError("the admin token must be at least 8 characters")
         if not self.priority_classes:
             raise ValueError("at least one priority class is needed")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max request bytes must be >= 1, got {self.max_request_bytes}")
         for name in ("drain_seconds", "unready_seconds", "load_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -367,15 +373,8 @@ class Server:
     def check_prompt(self, ids: list[int], max_tokens: int) -> None:
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise APIError(
-                400,
-                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
-                param="prompt",
-            )
         limit = self.engine.max_model_len
-        if len(ids) + max_tokens > limit:
+        if len(ids) + max_tokens > limit:  # first: it is cheaper than reading every id
             raise APIError(
                 400,
                 f"this model's maximum context length is {limit} tokens; the request has "
@@ -383,6 +382,34 @@ class Server:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param="prompt",
+            )
+
+    async def tokenize(self, text: str, *, max_tokens: int, param: str) -> list[int]:
+        """The prompt's token ids, refused first when its characters alone cannot fit in the
+        context, and encoded on a worker thread (a long prompt takes seconds of tokenizer time,
+        and the event loop answers the probes meanwhile)."""
+        tokenizer = self.engine.tokenizer
+        limit = self.engine.max_model_len
+        per_token = tokenizer.max_chars_per_token
+        at_least = -(-len(text) // per_token)  # tokens, if every one were the longest
+        if at_least + max_tokens > limit:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {limit} tokens; the prompt's "
+                f"{len(text)} characters are at least {at_least} tokens (no token is longer "
+                f"than {per_token} characters), and the request asks for {max_tokens} more",
+                param="max_tokens" if max_tokens >= limit else param,  # which one to change
+                code="context_length_exceeded",
+            )
+        if not text:
+            return []
+        return await asyncio.to_thread(tokenizer.encode, text)
 
     def submit(
         self,
@@ -574,9 +601,50 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
     _install_error_handlers(app)
     _add_routes(app, server)
     return app
+
+
+class BodyLimit:
+    """Answers 413 to a request body over `max_bytes`: before reading it when Content-Length
+    says so, else as soon as the chunks read pass it. A body is parsed and validated on the
+    event loop, which must stay free to answer the probes."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def too_large(self) -> StarletteHTTPException:
+        return StarletteHTTPException(
+            413,
+            f"the request body is larger than this server's limit of {self.max_bytes} bytes "
+            "(wok runtime serve --max-request-bytes)",
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            error = self.too_large()
+            answer = APIError(413, str(error.detail), code="request_too_large")
+            await answer.response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise self.too_large()  # FastAPI passes an HTTPException through
+            return message
+
+        await self.app(scope, counting_receive, send)
 
 
 async def _warm_up(server: Server) -> None:
@@ -640,7 +708,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return APIError(
-            error.status_code, str(error.detail), type=kind, headers=getattr(error, "headers", None)
+            error.status_code,
+            str(error.detail),
+            type=kind,
+            code="request_too_large" if error.status_code == 413 else None,
+            headers=getattr(error, "headers", None),
         ).response()
 
     @app.exception_handler(Exception)
@@ -813,11 +885,11 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
         if isinstance(prompt, str):
-            ids = engine.tokenizer.encode(prompt) if prompt else []
+            ids = await server.tokenize(prompt, max_tokens=max_tokens, param="prompt")
         else:
             ids = list(prompt)
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
         rid, created = p.new_id("cmpl"), p.now()
 
         def chunk(new: str, new_ids: list[int] | None, reason: str | None, first: bool) -> Any:
@@ -848,8 +920,8 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     )
     async def chat(request: Request, body: p.ChatCompletionRequest) -> Any:
         prompt = _format_chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)
-        ids = engine.tokenizer.encode(prompt) if prompt else []
         requested = body.max_completion_tokens or body.max_tokens
+        ids = await server.tokenize(prompt, max_tokens=requested or 1, param="messages")
         # OpenAI's default for chat: as many tokens as the context has room for.
         max_tokens = requested or max(1, engine.max_model_len - len(ids))
         rid, created = p.new_id("chatcmpl"), p.now()
@@ -1063,6 +1135,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         drain_seconds=args.drain_seconds,
         unready_seconds=args.unready_seconds,
         load_seconds=load_seconds,
+        max_request_bytes=args.max_request_bytes,
     )
     engine_config = EngineConfig(
         mode=args.mode,

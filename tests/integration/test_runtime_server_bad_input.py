@@ -6,6 +6,8 @@ Every refusal is a 4xx in OpenAI's error shape; never a 5xx."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -125,6 +127,58 @@ def test_a_list_of_prompts_and_too_many_stops_read_plainly(server: RuntimeServer
     )
     error = error_of(post(server, "/v1/completions", {"prompt": "x", "stop": ["a"] * 5}), 400)
     assert error["message"] == "stop: at most 4 stop strings are supported, got 5"
+
+
+# --- large bodies and prompts -------------------------------------------------------------------
+
+
+def _probe_while(server: RuntimeServer, send) -> tuple[list[float], list[httpx.Response]]:
+    """Probe latencies (s) measured while `send()` runs its requests on another thread."""
+    answers: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: answers.extend(send()))
+    latencies = []
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        sender.start()
+        while sender.is_alive() or len(latencies) < 10:
+            for path in ("/healthz", "/readyz"):
+                started = time.perf_counter()
+                assert http.get(path).status_code == 200
+                latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+    sender.join()
+    return latencies, answers
+
+
+def test_probes_stay_fast_while_huge_prompts_are_refused(server: RuntimeServer):
+    over_the_limit = json.dumps({"prompt": "x" * 10_000_000}).encode()  # > 8 MiB: 413
+    over_the_context = json.dumps({"prompt": "word " * 800_000}).encode()  # 4 MB: 400, untokenized
+
+    def send() -> list[httpx.Response]:
+        bodies = [over_the_limit, over_the_context] * 3
+        return [post(server, "/v1/completions", body) for body in bodies]
+
+    latencies, answers = _probe_while(server, send)
+    assert [r.status_code for r in answers] == [413, 400] * 3
+    assert error_of(answers[0], 413)["code"] == "request_too_large"
+    assert "limit of 8388608 bytes" in answers[0].json()["error"]["message"]
+    assert error_of(answers[1], 400)["code"] == "context_length_exceeded"
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_comes(server: RuntimeServer):
+    def chunks():
+        for _ in range(200):  # 13 MB, no Content-Length
+            yield b"x" * 65536
+
+    r = httpx.post(f"{server.url}/v1/completions", content=chunks(), timeout=60)
+    assert error_of(r, 413)["code"] == "request_too_large"
+
+
+def test_a_chat_too_long_in_characters_is_refused_before_tokenizing(server: RuntimeServer):
+    body = {"messages": [{"role": "user", "content": "word " * 200_000}]}
+    error = error_of(post(server, "/v1/chat/completions", body), 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert "characters are at least" in error["message"]
 
 
 # --- lone surrogates ---------------------------------------------------------------------------
