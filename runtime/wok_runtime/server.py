@@ -458,7 +458,8 @@ class Server:
             ) from error
         except QueueFullError as error:
             self.metrics.reject(REJECT_QUEUE_FULL, lane=lane)
-            retry = max(1, math.ceil(error.retry_after_s))
+            # Down to whole seconds, so that it stays within the queue timeout it is clipped to.
+            retry = max(1, math.floor(error.retry_after_s))
             raise APIError(
                 429,
                 f"the request queue is full ({error.reason}); retry after {retry} s",
