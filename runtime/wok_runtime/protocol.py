@@ -58,17 +58,20 @@ def _encodes(text: str) -> bool:
 
 def lone_surrogate(value: Any, path: str = "") -> str | None:
     """Where `value` (parsed JSON) holds a lone UTF-16 surrogate, as `messages.0.content`; else
-    None. JSON's `\\uD800` escapes decode to one in Python, and nothing can encode it as UTF-8."""
+    None. JSON's `\\uD800` escapes decode to one in Python, and nothing can encode it as UTF-8.
+
+    A list that starts with a number is not searched: it is token ids (a prompt may hold
+    millions), and the models refuse any string among them without quoting it."""
     if isinstance(value, str):
         return None if _encodes(value) else path
     if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, list):
-        items = list(enumerate(value))
+        items: Any = value.items()
+    elif isinstance(value, list) and value and isinstance(value[0], (str, list, dict)):
+        items = enumerate(value)
     else:
         return None
     for key, item in items:
-        if isinstance(key, str) and lone_surrogate(key) is not None:
+        if isinstance(key, str) and not _encodes(key):
             return f"{path} (a field name)" if path else "a field name"
         found = lone_surrogate(item, f"{path}.{key}" if path else str(key))
         if found is not None:
