@@ -115,6 +115,12 @@ def _register_serve(runtime: Any) -> None:
         default=1,
         help="tokens per streamed chunk after the first (fewer chunks, less host CPU)",
     )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="a larger request body is answered 413 before it is read",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
 

@@ -164,9 +164,14 @@ class LLMEngine:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             block_manager=self.block_manager,
-            queue=RequestQueue(config.max_queue, aging_s=config.aging_s),
+            queue=RequestQueue(
+                config.max_queue, aging_s=config.aging_s, timeout_s=config.queue_timeout_s
+            ),
             batch_queue=RequestQueue(
-                config.batch_max_queue, aging_s=config.aging_s, name="batch queue"
+                config.batch_max_queue,
+                aging_s=config.aging_s,
+                name="batch queue",
+                timeout_s=config.batch_queue_timeout_s,
             ),
             batch_lane_max_batch_size=config.batch_lane_max_batch_size,
             eos_token_id=_eos_token_id(runner),

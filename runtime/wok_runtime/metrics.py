@@ -66,6 +66,9 @@ BATCH_LANE_REQUEST_SUCCESS = "wok_batch_lane_request_success"
 BATCH_LANE_E2E_REQUEST_LATENCY_SECONDS = "wok_batch_lane_e2e_request_latency_seconds"
 BATCH_LANE_REJECTED_REQUESTS = "wok_batch_lane_rejected_requests"
 BATCH_LANE_PREEMPTIONS = "wok_batch_lane_preemptions"
+# Admin calls refused for a missing or wrong bearer token: a guessing attack, or an operator
+# with a stale token (its batch changes then never land).
+ADMIN_AUTH_FAILURES = "wok_admin_auth_failures"
 
 #: Every series carries this label, set to the served model name.
 MODEL_LABEL = "model_name"
@@ -74,6 +77,10 @@ MODEL_LABEL = "model_name"
 REJECT_QUEUE_FULL = "queue_full"
 REJECT_QUEUE_TIMEOUT = "queue_timeout"
 REJECT_DRAINING = "draining"
+
+#: Values of `wok_admin_auth_failures_total{reason}`.
+AUTH_MISSING = "missing"  # no bearer token
+AUTH_INVALID = "invalid"  # a token that is not the configured one
 
 # Buckets shaped like vLLM's: LLM latencies span milliseconds (a decode step) to minutes (a long
 # generation behind a full queue), so the buckets are roughly logarithmic over that range.
@@ -208,6 +215,12 @@ _SPECS = (
     MetricSpec(
         BATCH_LANE_PREEMPTIONS, "counter", "Batch-lane sequences preempted (for either lane)."
     ),
+    MetricSpec(
+        ADMIN_AUTH_FAILURES,
+        "counter",
+        "Admin API calls refused with 401, by reason (missing, invalid token).",
+        labels=("reason",),
+    ),
 )
 
 #: name -> spec, for every metric the runtime exports.
@@ -276,6 +289,9 @@ class RuntimeMetrics:
                 self._success[lane].labels(model_name, reason)
             for reason in (REJECT_QUEUE_FULL, REJECT_QUEUE_TIMEOUT, REJECT_DRAINING):
                 self._rejected[lane].labels(model_name, reason)
+        self._auth_failures = counter(ADMIN_AUTH_FAILURES)
+        for reason in (AUTH_MISSING, AUTH_INVALID):
+            self._auth_failures.labels(model_name, reason)
         self.registry.register(_EngineGauges(self))
 
     def observe_step(self, step: Any) -> None:
@@ -319,6 +335,9 @@ class RuntimeMetrics:
 
     def reject(self, reason: str, lane: str = "online") -> None:
         self._rejected[lane].labels(self.model_name, reason).inc()
+
+    def auth_failed(self, reason: str) -> None:
+        self._auth_failures.labels(self.model_name, reason).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The /metrics body and its content type."""

@@ -1,17 +1,36 @@
 """The HTTP API's wire shapes: OpenAI-compatible requests and responses, the admin API, errors.
 
 Pydantic models, so FastAPI validates every request before it reaches the engine and publishes an
-OpenAPI schema that matches what the server really accepts (schemathesis tests against it). Only
-what wok implements is declared; unknown fields are ignored, as OpenAI clients send extras.
+OpenAPI schema that matches what the server really accepts (schemathesis tests against it).
+
+As strict as the OpenAI API: JSON types are checked, never coerced (`"max_tokens": "4"` and
+`"stream": "yes"` are errors). OpenAI's fields that wok does not implement (`logprobs`, `tools`,
+`response_format`, penalties, …) are declared with only their neutral value allowed, so a request
+that asks for one is refused with a message that names it instead of being answered as if it had
+not asked. Fields no OpenAI-compatible server knows are ignored, as clients send extras. A lone
+UTF-16 surrogate anywhere in a request (JSON allows `"\\ud800"`, but no tokenizer can encode it)
+is refused with the field's path.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 #: Bounds that keep one request cheap to validate; the engine checks the real limits
 #: (max_model_len, vocabulary size) and answers 400 beyond them.
@@ -22,15 +41,133 @@ TOKEN_ID_LIMIT = 2**31 - 1
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=TOKEN_ID_LIMIT)]], Field(min_length=1)]
 Priority = int | str
+#: Request models: JSON types as documented (no coercion), unknown fields ignored.
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
+def _encodes(text: str) -> bool:
+    """Whether `text` is valid Unicode (a scan in C: a prompt may be megabytes)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def lone_surrogate(value: Any, path: str = "") -> str | None:
+    """Where `value` (parsed JSON) holds a lone UTF-16 surrogate, as `messages.0.content`; else
+    None. JSON's `\\uD800` escapes decode to one in Python, and nothing can encode it as UTF-8.
+
+    A list that starts with a number is not searched: it is token ids (a prompt may hold
+    millions), and the models refuse any string among them without quoting it."""
+    if isinstance(value, str):
+        return None if _encodes(value) else path
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list) and value and isinstance(value[0], (str, list, dict)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if isinstance(key, str) and not _encodes(key):
+            return f"{path} (a field name)" if path else "a field name"
+        found = lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _unsupported(name: str, neutral: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "unsupported",
+        "not supported by this server: leave {name} out (or send {neutral})",
+        {"name": name, "neutral": neutral},
+    )
+
+
+def _explained(
+    handler: ValidatorFunctionWrapHandler,
+    value: Any,
+    explain: Callable[[Any], PydanticCustomError],
+) -> Any:
+    """The field's own validation, with `explain(value)` as its one error: a union's errors name
+    its branches (`prompt.str`, `stop.constrained-str`), which no client wrote."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise explain(value) from None
+
+
+def _prompt_error(value: Any) -> PydanticCustomError:
+    if isinstance(value, list) and len(value) > 1 and isinstance(value[0], (str, list)):
+        return PydanticCustomError(
+            "batched_prompt",
+            "a list of {n} prompts is not supported: send one prompt per request",
+            {"n": len(value)},
+        )
+    return PydanticCustomError(
+        "prompt",
+        "the prompt must be a non-empty string or list of token ids (integers from 0 to "
+        "{most}), or a list of one of either",
+        {"most": TOKEN_ID_LIMIT},
+    )
+
+
+def _stop_error(value: Any) -> PydanticCustomError:
+    if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+        return PydanticCustomError(
+            "too_many_stops",
+            "at most {most} stop strings are supported, got {n}",
+            {"most": MAX_STOP_STRINGS, "n": len(value)},
+        )
+    return PydanticCustomError(
+        "stop",
+        "stop must be a string or a list of up to {most} non-empty strings of at most "
+        "{chars} characters",
+        {"most": MAX_STOP_STRINGS, "chars": MAX_STOP_LEN},
+    )
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
+class ResponseFormatText(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+
+
+#: The neutral value(s) of each OpenAI field wok does not implement (what the error suggests).
+UNSUPPORTED_FIELDS = {
+    "frequency_penalty": "0",
+    "presence_penalty": "0",
+    "repetition_penalty": "1",
+    "logit_bias": "{}",
+    "min_tokens": "0",
+    "best_of": "1",
+    "suffix": "null",
+    "logprobs": "null",  # completions; chat's is a bool (false)
+    "top_logprobs": "0",
+    "tools": "[]",
+    "tool_choice": '"none"',
+    "functions": "[]",
+    "function_call": '"none"',
+    "response_format": '{"type": "text"}',
+}
+_NEUTRAL_ZERO = Annotated[float, Field(ge=0, le=0)]
+
+
+def _false(value: bool) -> bool:
+    if value:
+        raise ValueError("only false is supported")
+    return value
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = Field(default=None, description="served model name (default: the one)")
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -44,7 +181,7 @@ class _Request(BaseModel):
             Field(max_length=MAX_STOP_STRINGS),
         ]
         | None
-    ) = None
+    ) = Field(default=None, description=f"a string or up to {MAX_STOP_STRINGS} strings")
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     n: int = Field(default=1, ge=1, le=1, description="only n=1 is supported")
     stream: bool = False
@@ -59,6 +196,44 @@ class _Request(BaseModel):
         description="wok extension: a number (0 = most urgent), a class name, or a lane: "
         '"batch" (offline work, served only from what online traffic leaves free) or "online"',
     )
+    # Not implemented: only the neutral value is accepted (UNSUPPORTED_FIELDS).
+    frequency_penalty: _NEUTRAL_ZERO | None = Field(default=None, description="not supported")
+    presence_penalty: _NEUTRAL_ZERO | None = Field(default=None, description="not supported")
+    repetition_penalty: Annotated[float, Field(ge=1, le=1)] | None = Field(
+        default=None, description="not supported"
+    )
+    logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = Field(
+        default=None, description="not supported"
+    )
+    min_tokens: Annotated[int, Field(ge=0, le=0)] | None = Field(
+        default=None, description="not supported"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where is not None:
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                "which is not valid Unicode text",
+                {"where": where},
+            )
+        return data
+
+    @field_validator(*UNSUPPORTED_FIELDS, mode="wrap", check_fields=False)
+    @classmethod
+    def _only_neutral(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        name = info.field_name or "this field"
+        return _explained(handler, value, lambda _: _unsupported(name, UNSUPPORTED_FIELDS[name]))
+
+    @field_validator("stop", mode="wrap")
+    @classmethod
+    def _readable_stop(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _explained(handler, value, _stop_error)
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -77,16 +252,26 @@ class CompletionRequest(_Request):
         | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     )
     echo: bool = Field(default=False, description="not supported: must be false")
+    best_of: Annotated[int, Field(ge=1, le=1)] | None = Field(
+        default=None, description="not supported"
+    )
+    suffix: Literal[""] | None = Field(default=None, description="not supported")
+    logprobs: None = Field(default=None, description="not supported")
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _readable_prompt(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _explained(handler, value, _prompt_error)
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -105,6 +290,23 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     add_generation_prompt: bool = Field(default=True, description="wok extension")
+    logprobs: Annotated[bool, AfterValidator(_false)] | None = Field(
+        default=None, description="not supported"
+    )
+    top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = Field(
+        default=None, description="not supported"
+    )
+    tools: Annotated[list[Any], Field(max_length=0)] | None = Field(
+        default=None, description="not supported"
+    )
+    tool_choice: Literal["none"] | None = Field(default=None, description="not supported")
+    functions: Annotated[list[Any], Field(max_length=0)] | None = Field(
+        default=None, description="not supported"
+    )
+    function_call: Literal["none"] | None = Field(default=None, description="not supported")
+    response_format: ResponseFormatText | None = Field(
+        default=None, description='not supported beyond {"type": "text"}'
+    )
 
 
 # --- responses -----------------------------------------------------------------------------------
@@ -225,9 +427,10 @@ def error_body(
 
 
 class BatchingUpdate(BaseModel):
-    """PUT /admin/v1/batching: the fields to change (absent = unchanged)."""
+    """PUT /admin/v1/batching: the fields to change (absent = unchanged). Strict: `true` or
+    `"8"` is refused, never read as 1 or 8."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     max_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
     max_wait_ms: int | None = Field(default=None, ge=0, le=600_000)
 

@@ -1,10 +1,13 @@
 """The bounded priority queue in front of the scheduler.
 
 Why a queue of its own: admission control lives here. A full queue refuses work at once with a
-`retry_after_s` (Little's law: queue length ÷ recent completion rate) instead of letting latency
-grow without bound; each request may set a shorter wait limit than the engine's; priorities are
-served lowest-number first, FIFO within a class, and aging lifts a request one class for every
-`aging_s` it has waited, so no class starves. Pure Python: times are passed in, never read.
+`retry_after_s` instead of letting latency grow without bound: Little's law, the queue's length
+over its measured drain rate (completions since the queue's backlog began, so that idle time
+before a burst does not read as a slow drain), clipped to [1 s, the queue timeout] (a waiting
+request is served or expires within the timeout, so the queue turns over within it). Each
+request may set a shorter wait limit than the engine's; priorities are served lowest-number
+first, FIFO within a class, and aging lifts a request one class for every `aging_s` it has
+waited, so no class starves. Pure Python: times are passed in, never read.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from collections.abc import Iterator
 from wok_runtime.sequence import Sequence, SequenceStatus
 
 DEFAULT_RETRY_AFTER_S = 1.0  # before any completion there is no rate to divide by
-MIN_RETRY_AFTER_S = 0.1
-MAX_RETRY_AFTER_S = 600.0
+MIN_RETRY_AFTER_S = 1.0  # Retry-After is in whole seconds
+MAX_RETRY_AFTER_S = 600.0  # without a queue timeout to clip to
 
 
 class QueueFullError(Exception):
@@ -50,18 +53,30 @@ class CompletionRate:
         while self._times and self._times[0] < now - self.window_s:
             self._times.popleft()
 
-    def rate(self, now: float) -> float:
-        """0.0 until there is a completion; then count over the window (or since the first)."""
+    def rate(self, now: float, since: float | None = None) -> float:
+        """Completions per second over the window, or only since `since` (when a backlog
+        began); 0.0 without a completion to count."""
         self._trim(now)
-        if not self._times:
+        start = now - self.window_s if since is None else max(since, now - self.window_s)
+        count = len(self._times) - bisect.bisect_left(self._times, start)  # times are sorted
+        if count == 0:
             return 0.0
-        # Over a short history the full window would understate the rate.
-        span = max(now - self._times[0], 1.0)
-        return len(self._times) / min(span, self.window_s)
+        if since is None:
+            start = self._times[-count]  # over a short history the window would understate it
+        return count / max(now - start, 1.0)
 
 
 class RequestQueue:
-    def __init__(self, max_size: int, aging_s: float = 10.0, *, name: str = "queue") -> None:
+    def __init__(
+        self,
+        max_size: int,
+        aging_s: float = 10.0,
+        *,
+        name: str = "queue",
+        timeout_s: float = MAX_RETRY_AFTER_S,
+    ) -> None:
+        """`timeout_s`: the longest a request may wait here (the engine's queue timeout), the
+        longest Retry-After that means anything."""
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
         if not math.isfinite(aging_s) or aging_s < 0:
@@ -73,6 +88,8 @@ class RequestQueue:
         self._classes: dict[int, list[Sequence]] = {}
         self._by_id: dict[str, Sequence] = {}
         self.completions = CompletionRate()
+        self.timeout_s = timeout_s
+        self._backlog_since: float | None = None  # when the queue last went from empty to not
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -83,11 +100,18 @@ class RequestQueue:
     def get(self, request_id: str) -> Sequence | None:
         return self._by_id.get(request_id)
 
+    def drain_rate(self, now: float) -> float:
+        """Requests per second the queue drains at: completions since its backlog began, or,
+        before the backlog's first one, over the recent window."""
+        rate = 0.0
+        if self._backlog_since is not None:
+            rate = self.completions.rate(now, since=self._backlog_since)
+        return rate or self.completions.rate(now)
+
     def retry_after_s(self, now: float) -> float:
-        rate = self.completions.rate(now)
-        if rate <= 0:
-            return DEFAULT_RETRY_AFTER_S
-        return min(max(len(self) / rate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
+        rate = self.drain_rate(now)
+        wait = len(self) / rate if rate > 0 else DEFAULT_RETRY_AFTER_S
+        return min(max(wait, MIN_RETRY_AFTER_S), max(self.timeout_s, MIN_RETRY_AFTER_S))
 
     def push(self, seq: Sequence, now: float) -> None:
         """Queues a new request, or raises QueueFullError when the queue is at its bound."""
@@ -96,6 +120,8 @@ class RequestQueue:
                 f"{self.name} full ({len(self)} waiting, max {self.max_size})",
                 self.retry_after_s(now),
             )
+        if not self._by_id:
+            self._backlog_since = now
         self._insert(seq)
 
     def requeue(self, seq: Sequence) -> None:
@@ -119,6 +145,8 @@ class RequestQueue:
         members.remove(seq)
         if not members:
             del self._classes[seq.priority]
+        if not self._by_id:
+            self._backlog_since = None
         return seq
 
     def effective_priority(self, seq: Sequence, now: float) -> int:

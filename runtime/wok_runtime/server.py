@@ -36,11 +36,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wok_runtime import protocol as p
 from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.metrics import (
+    AUTH_INVALID,
+    AUTH_MISSING,
     REJECT_DRAINING,
     REJECT_QUEUE_FULL,
     REJECT_QUEUE_TIMEOUT,
@@ -59,6 +62,9 @@ TENANT_HEADER = "x-wok-tenant"
 PREEMPTIONS_HEADER = "x-wok-preemptions"  # on non-streamed answers: times it was preempted
 QUEUE_TIME_HEADER = "x-wok-queue-seconds"  # on non-streamed answers: arrival to first step
 MAX_TENANT_LEN = 128
+#: 8 MiB: a million-token context as text or token ids, with room to spare. A body is parsed and
+#: validated on the event loop that answers the probes, so its size must have a bound.
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 #: Used when the tokenizer has no chat template (documented in the README of the runtime).
 FALLBACK_CHAT_TEMPLATE = (
@@ -91,6 +97,7 @@ class ServerConfig:
     # 503 `draining` sends them to another pod where a closed port fails them.
     unready_seconds: float = 3.0
     load_seconds: float = 0.0  # listening but not ready this long first (the simulated load)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -99,6 +106,8 @@ class ServerConfig:
             raise ValueError("the admin token must be at least 8 characters")
         if not self.priority_classes:
             raise ValueError("at least one priority class is needed")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max request bytes must be >= 1, got {self.max_request_bytes}")
         for name in ("drain_seconds", "unready_seconds", "load_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -219,6 +228,34 @@ def _format_chat_prompt(tokenizer: Any, messages: list[p.ChatMessage], add_gen: 
         raise APIError(400, f"the chat template failed: {error}", param="messages") from error
 
 
+class AuthFailureLog:
+    """Logs failed admin authentications at most once per `interval_s`, with how many there were
+    since the last line: a guessing attack is seen in the log without flooding it."""
+
+    def __init__(
+        self, interval_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.unlogged = 0
+        self._last_line: float | None = None
+
+    def failed(self, client: str, reason: str) -> None:
+        self.unlogged += 1
+        now = self.clock()
+        if self._last_line is not None and now - self._last_line < self.interval_s:
+            return
+        log.warning(
+            "admin API: %d failed authentication(s) since the last report (the latest from %s: "
+            "%s bearer token)",
+            self.unlogged,
+            client,
+            reason,
+        )
+        self.unlogged = 0
+        self._last_line = now
+
+
 class Server:
     """The app's request logic over one engine; `create_app` wires it into FastAPI."""
 
@@ -228,6 +265,36 @@ class Server:
         self.metrics = metrics
         self.state = ServerState()
         self.vocab_size: int = engine.vocab_size
+        self.auth_failures = AuthFailureLog()
+
+    def require_admin(self, request: Request) -> None:
+        """403 without a configured token, 401 (counted, and logged at a bounded rate) without
+        the right one. Called before the body is read, so an unauthenticated caller learns
+        nothing about what the body may hold."""
+        if self.config.admin_token is None:
+            raise APIError(
+                403,
+                "the admin API is disabled: start the server with "
+                "--admin-token-file or WOK_ADMIN_TOKEN",
+                type="permission_error",
+                code="admin_disabled",
+            )
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            reason = AUTH_MISSING
+        elif hmac.compare_digest(token.strip().encode(), self.config.admin_token.encode()):
+            return
+        else:
+            reason = AUTH_INVALID
+        self.metrics.auth_failed(reason)
+        self.auth_failures.failed(request.client.host if request.client else "?", reason)
+        raise APIError(
+            401,
+            "a valid bearer token is required",
+            type="authentication_error",
+            code="unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -306,15 +373,8 @@ class Server:
     def check_prompt(self, ids: list[int], max_tokens: int) -> None:
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise APIError(
-                400,
-                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
-                param="prompt",
-            )
         limit = self.engine.max_model_len
-        if len(ids) + max_tokens > limit:
+        if len(ids) + max_tokens > limit:  # first: it is cheaper than reading every id
             raise APIError(
                 400,
                 f"this model's maximum context length is {limit} tokens; the request has "
@@ -322,6 +382,34 @@ class Server:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param="prompt",
+            )
+
+    async def tokenize(self, text: str, *, max_tokens: int, param: str) -> list[int]:
+        """The prompt's token ids, refused first when its characters alone cannot fit in the
+        context, and encoded on a worker thread (a long prompt takes seconds of tokenizer time,
+        and the event loop answers the probes meanwhile)."""
+        tokenizer = self.engine.tokenizer
+        limit = self.engine.max_model_len
+        per_token = tokenizer.max_chars_per_token
+        at_least = -(-len(text) // per_token)  # tokens, if every one were the longest
+        if at_least + max_tokens > limit:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {limit} tokens; the prompt's "
+                f"{len(text)} characters are at least {at_least} tokens (no token is longer "
+                f"than {per_token} characters), and the request asks for {max_tokens} more",
+                param="max_tokens" if max_tokens >= limit else param,  # which one to change
+                code="context_length_exceeded",
+            )
+        if not text:
+            return []
+        return await asyncio.to_thread(tokenizer.encode, text)
 
     def submit(
         self,
@@ -370,7 +458,8 @@ class Server:
             ) from error
         except QueueFullError as error:
             self.metrics.reject(REJECT_QUEUE_FULL, lane=lane)
-            retry = max(1, math.ceil(error.retry_after_s))
+            # Down to whole seconds, so that it stays within the queue timeout it is clipped to.
+            retry = max(1, math.floor(error.retry_after_s))
             raise APIError(
                 429,
                 f"the request queue is full ({error.reason}); retry after {retry} s",
@@ -513,9 +602,50 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
     _install_error_handlers(app)
     _add_routes(app, server)
     return app
+
+
+class BodyLimit:
+    """Answers 413 to a request body over `max_bytes`: before reading it when Content-Length
+    says so, else as soon as the chunks read pass it. A body is parsed and validated on the
+    event loop, which must stay free to answer the probes."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def too_large(self) -> StarletteHTTPException:
+        return StarletteHTTPException(
+            413,
+            f"the request body is larger than this server's limit of {self.max_bytes} bytes "
+            "(wok runtime serve --max-request-bytes)",
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            error = self.too_large()
+            answer = APIError(413, str(error.detail), code="request_too_large")
+            await answer.response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise self.too_large()  # FastAPI passes an HTTPException through
+            return message
+
+        await self.app(scope, counting_receive, send)
 
 
 async def _warm_up(server: Server) -> None:
@@ -559,9 +689,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = error.errors()
         first = errors[0] if errors else {}
         json_invalid = first.get("type") == "json_invalid"
-        loc = [] if json_invalid else [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = [] if json_invalid else [_printable(x) for x in first.get("loc", ()) if x != "body"]
         what = "invalid JSON" if json_invalid else ".".join(loc) or "body"
-        message = f"{what}: {first.get('msg', 'invalid request')}"
+        message = _printable(first.get("msg", "invalid request"))
+        if not message.startswith("Invalid JSON"):
+            message = f"{what}: {message}"
+        if str(first.get("type", "")).endswith("_type"):  # say what came instead
+            message += f", got {_json_type(first.get('input'))}"
         # OpenAI answers 400 for every invalid request; the admin API keeps FastAPI's 422.
         status = 422 if request.url.path.startswith("/admin/") else 400
         return APIError(
@@ -575,7 +709,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return APIError(
-            error.status_code, str(error.detail), type=kind, headers=getattr(error, "headers", None)
+            error.status_code,
+            str(error.detail),
+            type=kind,
+            code="request_too_large" if error.status_code == 413 else None,
+            headers=getattr(error, "headers", None),
         ).response()
 
     @app.exception_handler(Exception)
@@ -587,6 +725,18 @@ def _install_error_handlers(app: FastAPI) -> None:
             type="internal_error",
             code="internal_error",
         ).response()
+
+
+def _printable(value: object) -> str:
+    """Text safe to put in a UTF-8 answer: a lone surrogate in a client's field name would
+    otherwise fail the error's own encoding (a 500 for a 400)."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "an array", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _usage(prompt: int, completion: int) -> p.Usage:
@@ -736,11 +886,11 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
         if isinstance(prompt, str):
-            ids = engine.tokenizer.encode(prompt) if prompt else []
+            ids = await server.tokenize(prompt, max_tokens=max_tokens, param="prompt")
         else:
             ids = list(prompt)
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
         rid, created = p.new_id("cmpl"), p.now()
 
         def chunk(new: str, new_ids: list[int] | None, reason: str | None, first: bool) -> Any:
@@ -771,8 +921,8 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     )
     async def chat(request: Request, body: p.ChatCompletionRequest) -> Any:
         prompt = _format_chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)
-        ids = engine.tokenizer.encode(prompt) if prompt else []
         requested = body.max_completion_tokens or body.max_tokens
+        ids = await server.tokenize(prompt, max_tokens=requested or 1, param="messages")
         # OpenAI's default for chat: as many tokens as the context has room for.
         max_tokens = requested or max(1, engine.max_model_len - len(ids))
         rid, created = p.new_id("chatcmpl"), p.now()
@@ -798,28 +948,6 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
         return await run(request, body, ids, max_tokens, chunk, response)
 
-    def require_admin(request: Request) -> None:
-        if config.admin_token is None:
-            raise APIError(
-                403,
-                "the admin API is disabled: start the server with "
-                "--admin-token-file or WOK_ADMIN_TOKEN",
-                type="permission_error",
-                code="admin_disabled",
-            )
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), config.admin_token.encode()
-        )
-        if not ok:
-            raise APIError(
-                401,
-                "a valid bearer token is required",
-                type="authentication_error",
-                code="unauthorized",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
     def batching_state() -> p.BatchingState:
         b = engine.get_batching()
         return p.BatchingState(
@@ -837,7 +965,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         responses=_ADMIN_RESPONSES,
     )
     async def get_batching(request: Request) -> p.BatchingState:
-        require_admin(request)
+        server.require_admin(request)
         return batching_state()
 
     @app.put(
@@ -845,9 +973,15 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         response_model=p.BatchingState,
         tags=["admin"],
         responses=_ADMIN_RESPONSES,
+        openapi_extra={"requestBody": _json_body(p.BatchingUpdate)},
     )
-    async def put_batching(request: Request, update: p.BatchingUpdate) -> p.BatchingState:
-        require_admin(request)
+    async def put_batching(request: Request) -> p.BatchingState:
+        # The body is read here, not declared, so that FastAPI cannot validate it first.
+        server.require_admin(request)
+        try:
+            update = p.BatchingUpdate.model_validate_json(await request.body())
+        except ValidationError as error:
+            raise RequestValidationError(error.errors()) from error
         try:
             engine.set_batching(
                 max_batch_size=update.max_batch_size, max_wait_ms=update.max_wait_ms
@@ -857,6 +991,12 @@ def _add_routes(app: FastAPI, server: Server) -> None:
         state = batching_state()
         log.info("admin: batching set to %s", state.model_dump())
         return state
+
+
+def _json_body(model: type[p.BaseModel]) -> dict[str, Any]:
+    """An OpenAPI requestBody for a body a handler reads itself."""
+    schema = model.model_json_schema()
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
 def _timing_headers(tracked: _Tracked) -> dict[str, str]:
@@ -996,6 +1136,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         drain_seconds=args.drain_seconds,
         unready_seconds=args.unready_seconds,
         load_seconds=load_seconds,
+        max_request_bytes=args.max_request_bytes,
     )
     engine_config = EngineConfig(
         mode=args.mode,

@@ -4,6 +4,7 @@ the server needs (special tokens, the chat template), without importing transfor
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,21 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The most characters of text one token can stand for: the longest vocabulary entry
+        (a byte-level entry has one character per byte, and a character is at least a byte), or
+        a WordPiece model's longest word that it maps to one unknown token. A prompt longer
+        than this times the context cannot fit, whatever its tokens (tokenizers whose
+        normalizer deletes characters aside)."""
+        longest = max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+        return max(longest, getattr(self.backend.model, "max_input_chars_per_word", 1))
+
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text).ids
+        # The batch call releases the GIL while it works (encode() holds it: a long prompt
+        # would stall the server's event loop even from a worker thread), and the fast variant
+        # skips the character offsets, which nothing here reads.
+        return self.backend.encode_batch_fast([text])[0].ids
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -41,6 +41,7 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
         statuses: dict[int, int] = {}
         incomplete: list[dict] = []
         missing_retry_after = 0
+        retry_afters: set[int] = set()
         deadline = time.monotonic() + 10.0
 
         async def client() -> None:
@@ -56,7 +57,9 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
                         ):
                             incomplete.append(body)
                     elif status == 429:
-                        missing_retry_after += int(not headers.get("retry-after", "").isdigit())
+                        retry_after = headers.get("retry-after", "")
+                        missing_retry_after += int(not retry_after.isdigit())
+                        retry_afters.add(int(retry_after) if retry_after.isdigit() else -1)
                         await asyncio.sleep(0.05)
                     else:
                         assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -76,6 +79,7 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
         assert statuses.get(200, 0) > 0 and statuses.get(429, 0) > 0, statuses
         assert not incomplete
         assert missing_retry_after == 0
+        assert retry_afters <= {1, 2}, retry_afters  # clipped to [1 s, the queue timeout]
         assert rss_peak < rss_start + 300 * 2**20, (rss_start, rss_peak)
         m = server.metrics()
         rejected = m['wok_rejected_requests_total{model_name="builtin:tiny",reason="queue_full"}']

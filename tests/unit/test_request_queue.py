@@ -59,18 +59,48 @@ def test_aging_lifts_a_class_per_aging_interval_so_nothing_starves() -> None:
 
 
 def test_full_queue_refuses_with_retry_after_from_littles_law() -> None:
-    q = RequestQueue(max_size=2, aging_s=0)
-    q.push(seq("a"), now=0.0)
-    q.push(seq("b"), now=0.0)
+    q = RequestQueue(max_size=8, aging_s=0, timeout_s=30.0)
+    for n in range(8):
+        q.push(seq(f"r{n}"), now=0.0)
     with pytest.raises(QueueFullError) as caught:
-        q.push(seq("c"), now=0.0)
+        q.push(seq("late"), now=0.0)
     assert caught.value.retry_after_s == DEFAULT_RETRY_AFTER_S  # no completions yet
     assert "queue full" in caught.value.reason
-    for t in range(10):  # 10 completions over 10 s: 1 per second (window is 60 s)
-        q.completions.record(100.0 + t)
+    for n in range(10):  # 10 completions in 5 s: 2 per second
+        q.completions.record(0.5 * (n + 1))
     with pytest.raises(QueueFullError) as caught:
-        q.push(seq("c"), now=110.0)
-    assert caught.value.retry_after_s == pytest.approx(2 / 1.0)  # 2 waiting ÷ 1 per second
+        q.push(seq("late"), now=5.0)
+    assert caught.value.retry_after_s == pytest.approx(8 / 2.0)  # 8 waiting ÷ 2 per second
+
+
+def _burst_after_idle(timeout_s: float) -> float:
+    """A warm-up completion at 0, nothing until a burst fills the queue at 50, then one
+    completion per second; the Retry-After of a refusal at 60."""
+    q = RequestQueue(max_size=8, aging_s=0, timeout_s=timeout_s)
+    q.completions.record(0.0)
+    for n in range(8):
+        q.push(seq(f"r{n}", arrival=50.0), now=50.0)
+    for t in range(51, 61):
+        q.completions.record(float(t))
+    with pytest.raises(QueueFullError) as caught:
+        q.push(seq("late", arrival=60.0), now=60.0)
+    return caught.value.retry_after_s
+
+
+def test_retry_after_counts_the_drain_since_the_backlog_began_not_the_idle_before():
+    # 8 waiting, draining at 1 per second: 8 s (over the whole minute: 11 / 60 s, so 44 s).
+    assert _burst_after_idle(timeout_s=30.0) == pytest.approx(8.0)
+
+
+def test_retry_after_is_clipped_to_one_second_and_the_queue_timeout():
+    assert _burst_after_idle(timeout_s=5.0) == 5.0  # by then each waiting request has left
+    q = RequestQueue(max_size=1, aging_s=0, timeout_s=30.0)
+    q.push(seq("a"), now=0.0)
+    for n in range(100):
+        q.completions.record(n / 100)
+    with pytest.raises(QueueFullError) as caught:
+        q.push(seq("b"), now=1.0)
+    assert caught.value.retry_after_s == 1.0  # 1 waiting ÷ 100 per second, whole seconds
 
 
 def test_requeue_ignores_the_bound_and_goes_ahead_of_later_arrivals() -> None:

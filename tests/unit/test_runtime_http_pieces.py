@@ -23,9 +23,20 @@ from wok_runtime.bench_http import (
 from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.engine import EngineStats, StepStats
 from wok_runtime.kv_memory import KvMemory
-from wok_runtime.protocol import BatchingUpdate, ChatCompletionRequest, CompletionRequest
+from wok_runtime.protocol import (
+    BatchingUpdate,
+    ChatCompletionRequest,
+    CompletionRequest,
+    lone_surrogate,
+)
 from wok_runtime.sequence import RequestMetrics
-from wok_runtime.server import APIError, Server, ServerConfig, parse_priority_classes
+from wok_runtime.server import (
+    APIError,
+    AuthFailureLog,
+    Server,
+    ServerConfig,
+    parse_priority_classes,
+)
 
 # --- metric names ----------------------------------------------------------------------------
 
@@ -61,6 +72,7 @@ def test_metric_names_are_the_contract():
         "wok_batch_lane_e2e_request_latency_seconds": "histogram",
         "wok_batch_lane_rejected_requests": "counter",
         "wok_batch_lane_preemptions": "counter",
+        "wok_admin_auth_failures": "counter",
     }
     assert m.series_names(m.METRICS[m.NUM_PREEMPTIONS]) == ("vllm:num_preemptions_total",)
     assert m.series_names(m.METRICS[m.BATCH_SIZE]) == (
@@ -130,6 +142,7 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     metrics.observe_tokens(2, 0.2)
     metrics.observe_finished(finish_reason="length", metrics=timing)
     metrics.reject(m.REJECT_QUEUE_FULL)
+    metrics.auth_failed(m.AUTH_INVALID)
     body, content_type = metrics.render()
     assert content_type.startswith("text/plain")
     s = _samples(body.decode())
@@ -151,6 +164,8 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     assert s['vllm:generation_tokens_total{model_name="tiny"}'] == 3
     assert s['vllm:request_success_total{finished_reason="length",model_name="tiny"}'] == 1
     assert s['wok_rejected_requests_total{model_name="tiny",reason="queue_full"}'] == 1
+    assert s['wok_admin_auth_failures_total{model_name="tiny",reason="invalid"}'] == 1
+    assert s['wok_admin_auth_failures_total{model_name="tiny",reason="missing"}'] == 0
     assert s['wok_batch_size_bucket{le="4.0",model_name="tiny"}'] == 1
     assert s['wok_batch_size_bucket{le="2.0",model_name="tiny"}'] == 0
     assert s['wok_kv_cache_budget_bytes{device="cuda",model_name="tiny"}'] == 1000
@@ -300,6 +315,19 @@ def test_an_incomplete_character_is_held_back():
         {"prompt": ["a", "b"]},
         {"prompt": "x", "stop": ["a"] * 5},
         {"prompt": "x", "temperature": math.nan},
+        # As strict as the OpenAI API's JSON types: nothing is coerced.
+        {"prompt": "x", "max_tokens": "4"},
+        {"prompt": "x", "max_tokens": 4.0},
+        {"prompt": "x", "stream": "yes"},
+        {"prompt": "x", "echo": 0},
+        {"prompt": [1, True]},
+        {"prompt": "x", "stop": 5},
+        # Asked for, not implemented: refused rather than ignored.
+        {"prompt": "x", "logprobs": 1},
+        {"prompt": "x", "best_of": 2},
+        {"prompt": "x", "best_of": True},
+        {"prompt": "x", "presence_penalty": 0.1},
+        {"prompt": "\ud800"},
     ],
 )
 def test_invalid_completion_requests_are_refused(body):
@@ -326,6 +354,46 @@ def test_requests_accept_openai_shapes():
     assert chat.messages[0].text() == "ab"
     with pytest.raises(ValidationError):
         BatchingUpdate.model_validate({"max_batch_size": 2, "typo": 1})
+    for strict in ({"max_batch_size": True}, {"max_batch_size": "8"}):
+        with pytest.raises(ValidationError):
+            BatchingUpdate.model_validate(strict)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"prompt": ["a", "b"]}, "a list of 2 prompts is not supported"),
+        ({"prompt": "x", "stop": ["a"] * 5}, "at most 4 stop strings are supported, got 5"),
+        ({"prompt": "x", "logprobs": 2}, "not supported by this server: leave logprobs out"),
+        ({"prompt": "x\udfff"}, "prompt holds a lone UTF-16 surrogate"),
+    ],
+)
+def test_refusals_read_plainly(body, says):
+    with pytest.raises(ValidationError) as caught:
+        CompletionRequest.model_validate(body)
+    assert says in caught.value.errors()[0]["msg"]
+
+
+def test_lone_surrogates_are_found_with_their_path():
+    assert lone_surrogate({"a": ["ok", {"b": "x\ud800"}]}) == "a.1.b"
+    assert lone_surrogate({"\udc00": 1}) == "a field name"
+    assert lone_surrogate({"a": "\U0001f600 paired"}) is None
+
+
+def test_failed_admin_logins_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture):
+    now = [0.0]
+    failures = AuthFailureLog(interval_s=10.0, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="wok.runtime.server"):
+        for i in range(300):  # 300 guesses in 3 s
+            now[0] = i / 100
+            failures.failed("10.0.0.7", "invalid")
+        now[0] = 12.0
+        failures.failed("10.0.0.7", "missing")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[0].startswith("admin API: 1 failed authentication(s)")
+    assert lines[1].startswith("admin API: 300 failed authentication(s)")  # 299 held, + 1
+    assert "10.0.0.7: missing bearer token" in lines[1]
 
 
 def test_priority_classes_and_server_config():
