@@ -53,9 +53,20 @@ def section(model: type[ApiModel]) -> Any:
     return Field(default_factory=model, json_schema_extra={"default": {}})
 
 
+#: The decoder families the runtime serves (transformers' `model_type`): the one list that the
+#: CRD's enum, the budget and the docs share with `wok_runtime.model_config.MODEL_TYPES`.
+ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
+
+
 class Architecture(ApiModel):
     """The shape of a Llama-family decoder: enough to size weights and the KV cache."""
 
+    model_type: ModelType = Field(
+        default="llama",
+        description="The family (config.json's model_type): llama (Llama 2, 3, 3.1-3.3), "
+        "mistral (7B v0.2/v0.3, no sliding window), qwen2 (Qwen2, Qwen2.5), qwen3 (dense). "
+        "Any other is refused: the runtime cannot serve it.",
+    )
     num_hidden_layers: int = Field(ge=1, le=1024)
     hidden_size: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)

@@ -3,7 +3,8 @@
 Pure arithmetic, no torch. The operator writes the result to status and never moves the batch size
 past `max_batch_size` (the design's B_mem). Formulas:
 
-    weights      = parameters(architecture) · dtype_bytes
+    weights      = parameters(architecture) · dtype_bytes   (Qwen2's Q/K/V biases and Qwen3's
+                   q/k norms included)
     kv/token     = 2 · layers · kv_heads · head_dim · dtype_bytes   (K and V; GQA-aware)
     activations  = T · (4·hidden + 2·intermediate) · dtype_bytes  +  T · vocab · 4
                    with T = max_num_batched_tokens: the residual stream, attention projections and
@@ -23,8 +24,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
-from wok_operator.api import Architecture, InferenceServiceSpec, MemorySpec, quantity_bytes
+from wok_operator.api import (
+    Architecture,
+    InferenceServiceSpec,
+    MemorySpec,
+    ModelType,
+    quantity_bytes,
+)
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -95,6 +103,7 @@ PRESETS: dict[str, Architecture] = {
         max_position_embeddings=8192,
     ),
     "mistral-7b": Architecture(
+        model_type="mistral",
         num_hidden_layers=32,
         hidden_size=4096,
         intermediate_size=14336,
@@ -103,9 +112,86 @@ PRESETS: dict[str, Architecture] = {
         vocab_size=32000,
         max_position_embeddings=32768,
     ),
+    # The published configs' shapes (Hugging Face config.json).
+    "llama-3.2-1b": Architecture(
+        num_hidden_layers=16,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    "llama-3.2-3b": Architecture(
+        num_hidden_layers=28,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    "qwen2.5-0.5b": Architecture(
+        model_type="qwen2",
+        num_hidden_layers=24,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "qwen2.5-7b": Architecture(
+        model_type="qwen2",
+        num_hidden_layers=28,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+    ),
+    "qwen3-0.6b": Architecture(
+        model_type="qwen3",
+        num_hidden_layers=28,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "qwen3-8b": Architecture(
+        model_type="qwen3",
+        num_hidden_layers=36,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+    ),
 }
+# Llama 3.1 and 3.3 keep Llama 3's shapes (their llama3 RoPE scaling reaches 128K positions);
+# Mistral 7B v0.3 grows v0.2's vocabulary.
+for _name, _base, _change in (
+    ("llama-3.1-8b", "llama-3-8b", {"max_position_embeddings": 131072}),
+    ("llama-3.1-70b", "llama-3-70b", {"max_position_embeddings": 131072}),
+    ("llama-3.3-70b", "llama-3-70b", {"max_position_embeddings": 131072}),
+    ("mistral-7b-v0.3", "mistral-7b", {"vocab_size": 32768}),
+):
+    PRESETS[_name] = PRESETS[_base].model_copy(update=_change)
 
 HF_CONFIG_KEYS = (
+    "model_type",
     "num_hidden_layers",
     "hidden_size",
     "intermediate_size",
@@ -153,6 +239,10 @@ def parameter_count(arch: Architecture) -> int:
     q_dim = arch.num_attention_heads * head_dim
     kv_dim = arch.num_key_value_heads * head_dim
     attention = arch.hidden_size * (q_dim + 2 * kv_dim) + q_dim * arch.hidden_size
+    if arch.model_type == "qwen2":
+        attention += q_dim + 2 * kv_dim  # the Q/K/V biases
+    if arch.model_type == "qwen3":
+        attention += 2 * head_dim  # q_norm, k_norm
     mlp = 3 * arch.hidden_size * arch.intermediate_size
     norms = 2 * arch.hidden_size
     embeddings = arch.vocab_size * arch.hidden_size
@@ -264,7 +354,14 @@ def preset(name: str) -> Architecture:
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture in an HF `config.json` (a missing key is one clear error)."""
     config = json.loads(Path(path).read_text())
-    required = [k for k in HF_CONFIG_KEYS if k not in ("head_dim", "tie_word_embeddings")]
+    model_type = config.get("model_type", "llama")
+    if model_type not in get_args(ModelType):
+        raise ValueError(
+            f"{path}: model_type {model_type!r} is not served by the runtime (it serves "
+            f"{', '.join(get_args(ModelType))})"
+        )
+    optional = ("model_type", "head_dim", "tie_word_embeddings")
+    required = [k for k in HF_CONFIG_KEYS if k not in optional]
     missing = [key for key in required if key not in config]
     if "num_key_value_heads" in missing:
         # Llama-1-style configs leave it out: plain multi-head attention.

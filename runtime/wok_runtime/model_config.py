@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 #: `model_type`s of the configs the runtime serves.
 ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
-MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES: tuple[str, ...] = get_args(ModelType)
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",

@@ -69,6 +69,25 @@ def test_cel_rule_rejects_inverted_batch_bounds(crd_installed, wok_apiserver, wo
     )
 
 
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ({"source": "sim:h100", "preset": "gemma-2b"}, "spec.model.preset"),
+        (
+            {"source": "sim:h100", "architecture": {"modelType": "gemma"}},
+            "spec.model.architecture.modelType",
+        ),
+    ],
+)
+def test_a_model_the_runtime_cannot_serve_is_refused_at_apply(
+    crd_installed, wok_apiserver, wok_namespace, model, field
+):
+    with wok_apiserver.api() as api, pytest.raises(KubeError) as rejected:
+        _create(api, wok_namespace, _service("gemma", {"model": model}))
+    assert rejected.value.status == 422
+    assert field in rejected.value.message and '"gemma' in rejected.value.message
+
+
 def test_schema_rejects_memory_utilization_above_one(crd_installed, wok_apiserver, wok_namespace):
     spec = {"model": {"source": "builtin:tiny"}, "memory": {"gpuMemoryUtilization": 1.5}}
     with wok_apiserver.api() as api, pytest.raises(KubeError) as rejected:

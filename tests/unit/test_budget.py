@@ -27,6 +27,16 @@ def test_llama3_8b_kv_bytes_per_token_is_gqa_aware():
         ("llama-3-8b", 8.030),
         ("smollm2-135m", 0.1345),
         ("llama-3-70b", 70.55),
+        # Published sizes of the served families (tied embeddings counted once).
+        ("llama-3.1-8b", 8.030),
+        ("llama-3.2-1b", 1.236),
+        ("llama-3.2-3b", 3.213),
+        ("llama-3.3-70b", 70.55),
+        ("mistral-7b-v0.3", 7.248),
+        ("qwen2.5-0.5b", 0.494),
+        ("qwen2.5-7b", 7.616),
+        ("qwen3-0.6b", 0.596),
+        ("qwen3-8b", 8.191),
     ],
 )
 def test_parameter_counts_match_the_published_models(name, billions):
@@ -91,6 +101,17 @@ def test_hf_config_round_trip(tmp_path):
     path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="lacks vocab_size"):
         budget.architecture_from_hf_config(path)
+
+
+def test_an_hf_config_of_a_family_the_runtime_cannot_serve_is_refused(tmp_path):
+    config = {**budget.preset("llama-3-8b").model_dump(exclude={"head_dim"}), "model_type": "gemma"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model_type 'gemma' is not served by the runtime"):
+        budget.architecture_from_hf_config(path)
+    config["model_type"] = "qwen3"
+    path.write_text(json.dumps(config))
+    assert budget.architecture_from_hf_config(path).model_type == "qwen3"
 
 
 def test_plan_for_spec_uses_the_builtin_preset():

@@ -19,6 +19,7 @@ import torch
 import transformers
 from test_model_runner import check_against_hf, generate_paged, hf_model, prompts, runner_for
 
+from wok_operator.budget import architecture_from_hf_config, parameter_count
 from wok_runtime.builtin import ensure_builtin_tokenizer
 from wok_runtime.model_config import Llama3RopeScaling, ModelConfig
 
@@ -186,3 +187,12 @@ def test_the_families_round_trip_through_config_json(family_dirs: dict[str, Path
         assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
     assert ModelConfig.from_file(family_dirs["qwen2.5"] / "config.json").qkv_bias
     assert ModelConfig.from_file(family_dirs["qwen3"] / "config.json").qk_norm
+
+
+def test_the_budget_counts_each_familys_parameters(family_dirs: dict[str, Path]) -> None:
+    """The operator sizes weights from config.json alone: Qwen2's biases and Qwen3's q/k norms
+    count, as in the model transformers builds."""
+    for name, path in family_dirs.items():
+        arch = architecture_from_hf_config(path / "config.json")
+        model = transformers.AutoModelForCausalLM.from_pretrained(path)
+        assert parameter_count(arch) == sum(p.numel() for p in model.parameters()), name
