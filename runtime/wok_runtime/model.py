@@ -12,6 +12,9 @@ matmul call costs fixed overhead; `hf_weight_map` maps the Hugging Face names on
 
 The family's variations are switches of `ModelConfig` (see model_config.py): Llama 3.1's scaled
 rotary frequencies (`rope_tables`), Qwen2's Q/K/V bias, Qwen3's per-head q/k RMSNorm.
+
+Under tensor parallelism (parallel.py) each rank builds the same modules with 1/N of the heads
+and MLP columns, and sums the partial outputs of `o_proj` and `down_proj` across the ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wok_runtime.model_config import Llama3RopeScaling, ModelConfig
+from wok_runtime.parallel import SINGLE, Parallel
 
 
 class AttentionBackend(Protocol):
@@ -115,11 +119,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, parallel: Parallel = SINGLE) -> None:
         super().__init__()
         self.layer = layer
-        self.n_heads = config.num_attention_heads
-        self.n_kv_heads = config.num_key_value_heads
+        self.parallel = parallel
+        self.n_heads = config.num_attention_heads // parallel.size  # this rank's heads
+        self.n_kv_heads = config.num_key_value_heads // parallel.size
         self.head_dim = config.head_dim
         q_size = self.n_heads * self.head_dim
         kv_size = self.n_kv_heads * self.head_dim
@@ -147,27 +152,29 @@ class Attention(nn.Module):
         q, k = qk[:, :H], qk[:, H:]  # (T, H, hd), (T, KVH, hd)
         v = qkv[:, H + KVH :]  # (T, KVH, hd)
         out = attention(self.layer, q, k, v)  # (T, H, hd)
-        return self.o_proj(out.reshape(T, -1))  # (T, hidden)
+        return self.parallel.all_reduce(self.o_proj(out.reshape(T, -1)))  # (T, hidden)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: Parallel = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.parallel = parallel
+        intermediate = config.intermediate_size // parallel.size  # this rank's columns
+        self.gate_up_proj = Linear(config.hidden_size, 2 * intermediate)
+        self.down_proj = Linear(intermediate, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, intermediate) each
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU
+        return self.parallel.all_reduce(self.down_proj(F.silu(gate) * up))  # SwiGLU
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, parallel: Parallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, parallel)
 
     def forward(
         self,
@@ -181,11 +188,14 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: Parallel = SINGLE) -> None:
         super().__init__()
         self.config = config
+        self.parallel = parallel
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Block(config, i, parallel) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
@@ -212,41 +222,56 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(hidden)).float()
 
 
-def hf_weight_map(config: ModelConfig) -> dict[str, tuple[str, slice]]:
-    """Where each Hugging Face tensor (LlamaForCausalLM's names, which the family shares) goes:
-    (this module's parameter, its rows). The fused parameters take several: q, k, v stacked in
-    `qkv_proj` (weights and Qwen2's biases), gate and up in `gate_up_proj`, so the loader can
-    copy each tensor into its rows as it reads it."""
-    q_rows = config.num_attention_heads * config.head_dim
-    kv_rows = config.num_key_value_heads * config.head_dim
+#: Where one checkpoint tensor goes: (parameter, its rows, the dim a tensor-parallel rank takes
+#: its 1/N of, None when every rank holds all of it).
+WeightTarget = tuple[str, slice, int | None]
+
+
+def hf_weight_map(config: ModelConfig, parallel_size: int = 1) -> dict[str, WeightTarget]:
+    """Where each Hugging Face tensor (LlamaForCausalLM's names, which the family shares) goes.
+    The fused parameters take several: q, k, v stacked in `qkv_proj` (weights and Qwen2's
+    biases), gate and up in `gate_up_proj`, so the loader can copy each tensor into its rows as
+    it reads it. Under tensor parallelism the rows are a rank's: q, k, v, gate and up are split
+    by rows (heads, MLP columns), o_proj and down_proj by columns (their inputs)."""
+    q_rows = config.num_attention_heads * config.head_dim // parallel_size
+    kv_rows = config.num_key_value_heads * config.head_dim // parallel_size
+    intermediate = config.intermediate_size // parallel_size
     whole = slice(None)
-    out = {"model.embed_tokens.weight": ("embed_tokens.weight", whole)}
-    out["model.norm.weight"] = ("norm.weight", whole)
+    out: dict[str, WeightTarget] = {
+        "model.embed_tokens.weight": ("embed_tokens.weight", whole, None),
+        "model.norm.weight": ("norm.weight", whole, None),
+    }
     if not config.tie_word_embeddings:
-        out["lm_head.weight"] = ("lm_head.weight", whole)
+        out["lm_head.weight"] = ("lm_head.weight", whole, None)
     qkv_rows = {
         "q": slice(0, q_rows),
         "k": slice(q_rows, q_rows + kv_rows),
         "v": slice(q_rows + kv_rows, q_rows + 2 * kv_rows),
     }
-    gate_up_rows = {
-        "gate": slice(0, config.intermediate_size),
-        "up": slice(config.intermediate_size, 2 * config.intermediate_size),
-    }
+    gate_up_rows = {"gate": slice(0, intermediate), "up": slice(intermediate, 2 * intermediate)}
     for i in range(config.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         for proj, rows in qkv_rows.items():
-            out[src + f"self_attn.{proj}_proj.weight"] = (dst + "self_attn.qkv_proj.weight", rows)
+            out[src + f"self_attn.{proj}_proj.weight"] = (
+                dst + "self_attn.qkv_proj.weight",
+                rows,
+                0,
+            )
             if config.qkv_bias:
-                out[src + f"self_attn.{proj}_proj.bias"] = (dst + "self_attn.qkv_proj.bias", rows)
+                out[src + f"self_attn.{proj}_proj.bias"] = (
+                    dst + "self_attn.qkv_proj.bias",
+                    rows,
+                    0,
+                )
         if config.qk_norm:
             for name in ("self_attn.q_norm", "self_attn.k_norm"):
-                out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole)
+                out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole, None)
         for proj, rows in gate_up_rows.items():
-            out[src + f"mlp.{proj}_proj.weight"] = (dst + "mlp.gate_up_proj.weight", rows)
-        for name in ("self_attn.o_proj", "mlp.down_proj", "input_layernorm",
-                     "post_attention_layernorm"):  # fmt: skip
-            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole)
+            out[src + f"mlp.{proj}_proj.weight"] = (dst + "mlp.gate_up_proj.weight", rows, 0)
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole, 1)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole, None)
     return out
 
 
