@@ -121,7 +121,13 @@ class ModelSpec(ApiModel):
 
 class RuntimeSpec(ApiModel):
     image: str = Field(default="ghcr.io/wok-dev/wok-runtime:0.1.0", max_length=1024)
-    gpus_per_pod: int = Field(default=1, ge=1, le=16)
+    gpus_per_pod: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="GPUs of one pod: above 1, the model is split over them by tensor "
+        "parallelism (heads and MLP columns; they must divide by it).",
+    )
     gpu_memory: Quantity = Field(default="80Gi", description="Memory of one GPU.")
     cpu: Quantity = "2"
     memory: Quantity | None = Field(
@@ -313,10 +319,6 @@ class MetricsSpec(ApiModel):
 
 
 SIM_ONLY = "runtime.simLoadSeconds applies to sim: sources only (a real model loads as it loads)"
-ONE_GPU = (
-    "runtime.gpusPerPod: tensor parallelism is not supported yet; a pod serves on one GPU "
-    "(scale out with replicas)"
-)
 ONE_OWNER = (
     "spec.replicas is for kubectl scale, an HPA or KEDA, but wok owns the replica count: "
     "set scaling.replicas: external to hand it over (one owner at a time)"
@@ -339,7 +341,6 @@ class InferenceServiceSpec(ApiModel):
                     "self.scaling.minReplicas <= self.scaling.maxReplicas",
                     "scaling: minReplicas must not exceed maxReplicas",
                 ),
-                cel("self.runtime.gpusPerPod <= 1", ONE_GPU),
                 cel("self.scaling.replicas == 'external' || !has(self.replicas)", ONE_OWNER),
                 cel("self.scaling.replicas != 'external' || has(self.replicas)", EXTERNAL_COUNT),
                 cel(
@@ -391,8 +392,6 @@ class InferenceServiceSpec(ApiModel):
             raise ValueError("batching: minBatchSize <= initialBatchSize <= maxBatchSize must hold")
         if s.min_replicas > s.max_replicas:
             raise ValueError("scaling: minReplicas must not exceed maxReplicas")
-        if self.runtime.gpus_per_pod > 1:
-            raise ValueError(ONE_GPU)
         if s.replicas == "wok" and self.replicas is not None:
             raise ValueError(ONE_OWNER)
         if s.replicas == "external" and self.replicas is None:

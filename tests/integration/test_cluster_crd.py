@@ -56,6 +56,14 @@ def test_valid_inference_service_is_accepted(crd_installed, wok_apiserver, wok_n
         assert fetched["metadata"]["uid"] == created["metadata"]["uid"]
 
 
+def test_a_pod_of_several_gpus_is_accepted(crd_installed, wok_apiserver, wok_namespace):
+    """Tensor parallelism: the CEL rule that held gpusPerPod at 1 is gone."""
+    spec = {"model": {"source": "builtin:tiny"}, "runtime": {"gpusPerPod": 4}}
+    with wok_apiserver.api() as api:
+        created = _create(api, wok_namespace, _service("four-gpus", spec))
+    assert created["spec"]["runtime"]["gpusPerPod"] == 4
+
+
 def test_cel_rule_rejects_inverted_batch_bounds(crd_installed, wok_apiserver, wok_namespace):
     spec = {
         "model": {"source": "builtin:tiny"},

@@ -55,7 +55,6 @@ def test_examples_are_valid(path):
         ({"replicas": 3}, "one owner at a time"),
         ({"model": {"source": "sim:llama-3-8b-80g"}}, "a path or sim: source needs model.preset"),
         ({"runtime": {"simLoadSeconds": 5}}, "applies to sim: sources only"),
-        ({"runtime": {"gpusPerPod": 2}}, "tensor parallelism is not supported yet"),
         ({"scaling": {"replicas": "external"}}, "needs spec.replicas"),
         ({"scaling": {"replicas": "keda"}}, "Input should be 'wok' or 'external'"),
         ({"model": {"architecture": {**ARCH, "modelType": "gemma"}}}, "'llama', 'mistral'"),

@@ -43,6 +43,8 @@ def check_tp2_equals_tp1(path: Path, lengths: list[int], steps: int) -> None:
     try:
         c = two.config
         assert two.num_blocks == one.num_blocks == BLOCKS
+        # The pool's bytes (the pod's budget) are split: each rank holds half.
+        assert 2 * two.k_blocks.numel() == one.k_blocks.numel()
         # Rank 0 holds half the KV heads and half of every split projection.
         assert two.k_blocks.shape[1] == c.num_key_value_heads // 2
         attn = two.model.layers[0].self_attn
