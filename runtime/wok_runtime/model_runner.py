@@ -217,10 +217,16 @@ class ModelRunner:
                 raise ValueError("--compile is not supported with tensor parallelism")
             if parallel.rank == 0:
                 port = free_port()
-                same = dict(source=source, dtype=dtype, device=device, block_size=block_size)
-                same.update(kv_cache_bytes=kv_cache_bytes, max_model_len=max_model_len)
-                same.update(gpu_memory_utilization=gpu_memory_utilization)
-                same.update(max_num_batched_tokens=max_num_batched_tokens)
+                same = {  # every rank sizes the same pool for the same model
+                    "source": source,
+                    "dtype": dtype,
+                    "device": device,
+                    "block_size": block_size,
+                    "kv_cache_bytes": kv_cache_bytes,
+                    "gpu_memory_utilization": gpu_memory_utilization,
+                    "max_num_batched_tokens": max_num_batched_tokens,
+                    "max_model_len": max_model_len,
+                }
                 workers = spawn_workers(parallel.size, port, same)
             assert port is not None, "a worker rank is given the group's port"
             torch_device = rank_device(torch_device, parallel)
