@@ -312,6 +312,10 @@ class ModelRunner:
             return torch.empty(0, self.config.vocab_size, device=self.device)
         plan = self._plan(inputs)  # checked before any other rank sees the step
         if self.workers:
+            # A rank that died would leave the broadcast waiting for it: fail the step instead.
+            dead = [w.exitcode for w in self.workers if not w.is_alive()]
+            if dead:
+                raise RuntimeError(f"a tensor-parallel rank exited (exit code {dead[0]})")
             broadcast_step(inputs)
         return self.model.logits(self._run(plan))  # (len(inputs), vocab)
 

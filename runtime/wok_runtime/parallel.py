@@ -108,9 +108,12 @@ def broadcast_step(inputs: Any) -> Any:
 def spawn_workers(size: int, port: int, runner_kwargs: dict[str, Any]) -> list[Any]:
     """Ranks 1..size-1 as daemon processes (they end with rank 0), each running `run_worker`."""
     context = torch.multiprocessing.get_context("spawn")
+    threads = torch.get_num_threads()
     workers = [
         context.Process(
-            target=run_worker, args=(Parallel(rank, size), port, runner_kwargs), daemon=True
+            target=run_worker,
+            args=(Parallel(rank, size), port, threads, runner_kwargs),
+            daemon=True,
         )
         for rank in range(1, size)
     ]
@@ -119,9 +122,12 @@ def spawn_workers(size: int, port: int, runner_kwargs: dict[str, Any]) -> list[A
     return workers
 
 
-def run_worker(parallel: Parallel, port: int, runner_kwargs: dict[str, Any]) -> None:
+def run_worker(parallel: Parallel, port: int, threads: int, runner_kwargs: dict[str, Any]) -> None:
     """A worker rank: loads its shard, then runs every step rank 0 broadcasts until None."""
     from wok_runtime.model_runner import ModelRunner
+
+    # The ranks run in lock-step: as many CPU threads as rank 0, not a pool of its own size.
+    torch.set_num_threads(threads)
 
     runner = ModelRunner.from_source(**runner_kwargs, parallel=parallel, port=port)
     try:

@@ -17,7 +17,7 @@ from test_model_runner import BLOCK, generate_paged, prompts
 
 from wok_runtime.builtin import ensure_builtin
 from wok_runtime.model_config import ModelConfig
-from wok_runtime.model_runner import ModelRunner
+from wok_runtime.model_runner import ModelRunner, StepInput
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,3 +75,14 @@ def test_tp2_is_greedy_equal_to_tp1_for_qwen2(tmp_path: Path) -> None:
 def test_heads_that_do_not_split_are_refused_before_any_rank_starts() -> None:
     with pytest.raises(ValueError, match=r"num_attention_heads \(8\) to be a multiple of 3"):
         runner(ensure_builtin("tiny"), 3)
+
+
+def test_a_step_after_a_rank_died_fails_instead_of_waiting_for_it() -> None:
+    two = runner(ensure_builtin("tiny"), 2)
+    ids = prompts(two.config.vocab_size, [5])[0]
+    (worker,) = two.workers
+    worker.kill()
+    worker.join(timeout=30)
+    with pytest.raises(RuntimeError, match="a tensor-parallel rank exited"):
+        two.forward([StepInput(ids, 0, [0, 1])])
+    torch.distributed.destroy_process_group()
