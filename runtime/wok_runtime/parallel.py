@@ -128,7 +128,6 @@ def run_worker(parallel: Parallel, port: int, threads: int, runner_kwargs: dict[
 
     # The ranks run in lock-step: as many CPU threads as rank 0, not a pool of its own size.
     torch.set_num_threads(threads)
-
     runner = ModelRunner.from_source(**runner_kwargs, parallel=parallel, port=port)
     try:
         while (inputs := broadcast_step(None)) is not None:
