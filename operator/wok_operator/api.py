@@ -53,9 +53,20 @@ def section(model: type[ApiModel]) -> Any:
     return Field(default_factory=model, json_schema_extra={"default": {}})
 
 
+#: The decoder families the runtime serves (transformers' `model_type`): the one list that the
+#: CRD's enum, the budget and the docs share with `wok_runtime.model_config.MODEL_TYPES`.
+ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
+
+
 class Architecture(ApiModel):
     """The shape of a Llama-family decoder: enough to size weights and the KV cache."""
 
+    model_type: ModelType = Field(
+        default="llama",
+        description="The family (config.json's model_type): llama (Llama 2, 3, 3.1-3.3), "
+        "mistral (7B v0.2/v0.3, no sliding window), qwen2 (Qwen2, Qwen2.5), qwen3 (dense). "
+        "Any other is refused: the runtime cannot serve it.",
+    )
     num_hidden_layers: int = Field(ge=1, le=1024)
     hidden_size: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
@@ -110,7 +121,13 @@ class ModelSpec(ApiModel):
 
 class RuntimeSpec(ApiModel):
     image: str = Field(default="ghcr.io/wok-dev/wok-runtime:0.1.0", max_length=1024)
-    gpus_per_pod: int = Field(default=1, ge=1, le=16)
+    gpus_per_pod: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="GPUs of one pod: above 1, the model is split over them by tensor "
+        "parallelism (heads and MLP columns; they must divide by it).",
+    )
     gpu_memory: Quantity = Field(default="80Gi", description="Memory of one GPU.")
     cpu: Quantity = "2"
     memory: Quantity | None = Field(
@@ -302,10 +319,6 @@ class MetricsSpec(ApiModel):
 
 
 SIM_ONLY = "runtime.simLoadSeconds applies to sim: sources only (a real model loads as it loads)"
-ONE_GPU = (
-    "runtime.gpusPerPod: tensor parallelism is not supported yet; a pod serves on one GPU "
-    "(scale out with replicas)"
-)
 ONE_OWNER = (
     "spec.replicas is for kubectl scale, an HPA or KEDA, but wok owns the replica count: "
     "set scaling.replicas: external to hand it over (one owner at a time)"
@@ -328,7 +341,6 @@ class InferenceServiceSpec(ApiModel):
                     "self.scaling.minReplicas <= self.scaling.maxReplicas",
                     "scaling: minReplicas must not exceed maxReplicas",
                 ),
-                cel("self.runtime.gpusPerPod <= 1", ONE_GPU),
                 cel("self.scaling.replicas == 'external' || !has(self.replicas)", ONE_OWNER),
                 cel("self.scaling.replicas != 'external' || has(self.replicas)", EXTERNAL_COUNT),
                 cel(
@@ -380,8 +392,6 @@ class InferenceServiceSpec(ApiModel):
             raise ValueError("batching: minBatchSize <= initialBatchSize <= maxBatchSize must hold")
         if s.min_replicas > s.max_replicas:
             raise ValueError("scaling: minReplicas must not exceed maxReplicas")
-        if self.runtime.gpus_per_pod > 1:
-            raise ValueError(ONE_GPU)
         if s.replicas == "wok" and self.replicas is not None:
             raise ValueError(ONE_OWNER)
         if s.replicas == "external" and self.replicas is None:

@@ -3,18 +3,24 @@
 Pure arithmetic, no torch. The operator writes the result to status and never moves the batch size
 past `max_batch_size` (the design's B_mem). Formulas:
 
-    weights      = parameters(architecture) · dtype_bytes
+    weights      = parameters(architecture) · dtype_bytes   (Qwen2's Q/K/V biases and Qwen3's
+                   q/k norms included; over N GPUs, tensor parallelism splits the attention
+                   and MLP projections and every GPU holds the embeddings, norms and LM head)
     kv/token     = 2 · layers · kv_heads · head_dim · dtype_bytes   (K and V; GQA-aware)
-    activations  = T · (4·hidden + 2·intermediate) · dtype_bytes  +  T · vocab · 4
+    activations  = N · (T · (4·hidden + 2·intermediate/N) · dtype_bytes  +  T · vocab · 4)
                    with T = max_num_batched_tokens: the residual stream, attention projections and
                    the SwiGLU gate/up pair of one step's tokens, plus fp32 logits for the sampler
                    (an upper bound: the runtime computes logits only for each sequence's last token)
-    kv_budget    = gpu_memory · gpus · utilization − weights − activations − reserve
+    kv_budget    = N · (gpu_memory · utilization − reserve) − weights − activations
     B_mem        = floor(kv_budget / (kv/token · L)),  L = max_model_len or the observed mean length
 
 and on the host, the pod's memory request and limit (`pod_memory_bytes`):
 
-    pod memory   = weights + runtime overhead      (a `sim:` pod: SIM_POD_MEMORY_BYTES)
+    pod memory   = weights + N · runtime overhead  (one process per GPU; a `sim:` pod:
+                                                     SIM_POD_MEMORY_BYTES)
+
+N = gpusPerPod. Every figure is the pod's, summed over its GPUs; each GPU holds 1/N of each, the
+KV cache included (1/N of the KV heads), so B_mem is the same on every GPU.
 """
 
 from __future__ import annotations
@@ -23,8 +29,17 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
-from wok_operator.api import Architecture, InferenceServiceSpec, MemorySpec, quantity_bytes
+from pydantic.alias_generators import to_camel
+
+from wok_operator.api import (
+    Architecture,
+    InferenceServiceSpec,
+    MemorySpec,
+    ModelType,
+    quantity_bytes,
+)
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -95,6 +110,7 @@ PRESETS: dict[str, Architecture] = {
         max_position_embeddings=8192,
     ),
     "mistral-7b": Architecture(
+        model_type="mistral",
         num_hidden_layers=32,
         hidden_size=4096,
         intermediate_size=14336,
@@ -103,9 +119,86 @@ PRESETS: dict[str, Architecture] = {
         vocab_size=32000,
         max_position_embeddings=32768,
     ),
+    # The published configs' shapes (Hugging Face config.json).
+    "llama-3.2-1b": Architecture(
+        num_hidden_layers=16,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    "llama-3.2-3b": Architecture(
+        num_hidden_layers=28,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    "qwen2.5-0.5b": Architecture(
+        model_type="qwen2",
+        num_hidden_layers=24,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "qwen2.5-7b": Architecture(
+        model_type="qwen2",
+        num_hidden_layers=28,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+    ),
+    "qwen3-0.6b": Architecture(
+        model_type="qwen3",
+        num_hidden_layers=28,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "qwen3-8b": Architecture(
+        model_type="qwen3",
+        num_hidden_layers=36,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+    ),
 }
+# Llama 3.1 and 3.3 keep Llama 3's shapes (their llama3 RoPE scaling reaches 128K positions);
+# Mistral 7B v0.3 grows v0.2's vocabulary.
+for _name, _base, _change in (
+    ("llama-3.1-8b", "llama-3-8b", {"max_position_embeddings": 131072}),
+    ("llama-3.1-70b", "llama-3-70b", {"max_position_embeddings": 131072}),
+    ("llama-3.3-70b", "llama-3-70b", {"max_position_embeddings": 131072}),
+    ("mistral-7b-v0.3", "mistral-7b", {"vocab_size": 32768}),
+):
+    PRESETS[_name] = PRESETS[_base].model_copy(update=_change)
 
 HF_CONFIG_KEYS = (
+    "model_type",
     "num_hidden_layers",
     "hidden_size",
     "intermediate_size",
@@ -148,17 +241,39 @@ class MemoryBudget:
         }
 
 
-def parameter_count(arch: Architecture) -> int:
+def parameter_split(arch: Architecture) -> tuple[int, int]:
+    """(split, replicated): the parameters tensor parallelism splits over a pod's GPUs (the
+    attention and MLP projections, Qwen2's biases) and those every GPU holds whole (embeddings,
+    LM head, norms, Qwen3's q/k norms)."""
     head_dim = arch.resolved_head_dim
     q_dim = arch.num_attention_heads * head_dim
     kv_dim = arch.num_key_value_heads * head_dim
     attention = arch.hidden_size * (q_dim + 2 * kv_dim) + q_dim * arch.hidden_size
+    if arch.model_type == "qwen2":
+        attention += q_dim + 2 * kv_dim  # the Q/K/V biases
     mlp = 3 * arch.hidden_size * arch.intermediate_size
     norms = 2 * arch.hidden_size
+    if arch.model_type == "qwen3":
+        norms += 2 * head_dim  # q_norm, k_norm
     embeddings = arch.vocab_size * arch.hidden_size
     lm_head = 0 if arch.tie_word_embeddings else embeddings
-    layers = arch.num_hidden_layers * (attention + mlp + norms)
-    return embeddings + layers + arch.hidden_size + lm_head
+    split = arch.num_hidden_layers * (attention + mlp)
+    return split, arch.num_hidden_layers * norms + embeddings + arch.hidden_size + lm_head
+
+
+def parameter_count(arch: Architecture) -> int:
+    return sum(parameter_split(arch))
+
+
+def check_split(arch: Architecture, gpus: int) -> None:
+    """Tensor parallelism splits heads and MLP columns evenly (KV heads too: never copied)."""
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(arch, name)
+        if value % gpus:
+            raise ValueError(
+                f"{gpus} GPUs per pod split {to_camel(name)} ({value}) unevenly: tensor "
+                f"parallelism needs it to be a multiple of gpusPerPod"
+            )
 
 
 def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
@@ -167,10 +282,14 @@ def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
     ) * dtype_bytes(dtype)
 
 
-def activation_bytes(arch: Architecture, dtype: str, max_num_batched_tokens: int) -> int:
+def activation_bytes(
+    arch: Architecture, dtype: str, max_num_batched_tokens: int, gpus: int = 1
+) -> int:
+    """The activation peak of one step, summed over the pod's GPUs (each holds the whole
+    residual stream and logits, and 1/N of the MLP's intermediate)."""
     tokens = max_num_batched_tokens
-    hidden_states = tokens * (4 * arch.hidden_size + 2 * arch.intermediate_size)
-    return hidden_states * dtype_bytes(dtype) + tokens * arch.vocab_size * 4
+    hidden_states = tokens * (4 * arch.hidden_size + 2 * arch.intermediate_size // gpus)
+    return gpus * (hidden_states * dtype_bytes(dtype) + tokens * arch.vocab_size * 4)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -204,9 +323,12 @@ def plan_memory(
     length = sequence_length if sequence_length is not None else max_model_len
     if length < 1:
         raise ValueError(f"sequence length must be positive, got {length}")
+    check_split(arch, gpus)
     usable = math.floor(gpu_memory_bytes * gpus * utilization)
-    weights = parameter_count(arch) * dtype_bytes(dtype)
-    activations = activation_bytes(arch, dtype, max_num_batched_tokens)
+    split, replicated = parameter_split(arch)
+    weights = (split + gpus * replicated) * dtype_bytes(dtype)
+    activations = activation_bytes(arch, dtype, max_num_batched_tokens, gpus)
+    reserve_bytes *= gpus  # one CUDA context per GPU
     kv_budget = usable - weights - activations - reserve_bytes
     per_token = kv_bytes_per_token(arch, dtype)
     if kv_budget < per_token * length:
@@ -231,7 +353,8 @@ def plan_memory(
 
 def pod_memory_bytes(spec: InferenceServiceSpec, budget: MemoryBudget) -> int:
     """The runtime pod's memory request and limit: `runtime.memory` when the spec sets it, else
-    the weights on the host while they load plus the runtime's overhead. The loader streams
+    the weights on the host while they load plus the runtime's overhead, per process (one per
+    GPU: tensor parallelism runs a rank on each). The loader streams
     (one tensor in flight), but the weights are counted whole: reading the checkpoint fills the
     page cache, which the pod's memory cgroup is charged for, and a checkpoint stored in a wider
     dtype than it is served in is larger still than `weights_bytes`."""
@@ -239,7 +362,7 @@ def pod_memory_bytes(spec: InferenceServiceSpec, budget: MemoryBudget) -> int:
         return quantity_bytes(spec.runtime.memory)
     if spec.model.source.startswith("sim:"):
         return SIM_POD_MEMORY_BYTES
-    return budget.weights_bytes + RUNTIME_OVERHEAD_BYTES
+    return budget.weights_bytes + spec.runtime.gpus_per_pod * RUNTIME_OVERHEAD_BYTES
 
 
 def mebibytes(num_bytes: int) -> str:
@@ -264,7 +387,14 @@ def preset(name: str) -> Architecture:
 def architecture_from_hf_config(path: Path) -> Architecture:
     """The architecture in an HF `config.json` (a missing key is one clear error)."""
     config = json.loads(Path(path).read_text())
-    required = [k for k in HF_CONFIG_KEYS if k not in ("head_dim", "tie_word_embeddings")]
+    model_type = config.get("model_type", "llama")
+    if model_type not in get_args(ModelType):
+        raise ValueError(
+            f"{path}: model_type {model_type!r} is not served by the runtime (it serves "
+            f"{', '.join(get_args(ModelType))})"
+        )
+    optional = ("model_type", "head_dim", "tie_word_embeddings")
+    required = [k for k in HF_CONFIG_KEYS if k not in optional]
     missing = [key for key in required if key not in config]
     if "num_key_value_heads" in missing:
         # Llama-1-style configs leave it out: plain multi-head attention.

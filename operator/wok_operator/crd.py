@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from wok_operator import api
+from wok_operator.budget import PRESETS
 
 # JSON Schema keywords that mean nothing to the apiserver (and would make the schema unstructural).
 DROPPED_KEYS = {"title", "$defs"}
@@ -90,6 +91,9 @@ def _bytes_are_int64(schema: dict[str, Any]) -> None:
 
 def inference_service_crd() -> dict[str, Any]:
     spec_schema = openapi_schema(api.InferenceServiceSpec)
+    # A preset the operator does not know is refused by `kubectl apply`. The presets live in
+    # budget.py, which imports api.py, so their names join the schema here.
+    spec_schema["properties"]["model"]["properties"]["preset"]["enum"] = list(PRESETS)
     status_schema = openapi_schema(api.InferenceServiceStatus)
     _bytes_are_int64(status_schema["properties"]["memory"])
     root = {

@@ -71,10 +71,12 @@ def accelerator_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[s
             f"--profile={spec.model.source}",
             *([] if load is None else [f"--sim-load-seconds={load:g}"]),
         ]
+    gpus = spec.runtime.gpus_per_pod
     return [
         "--device=cuda",
-        f"--kv-cache-bytes={budget.kv_budget_bytes}",
+        f"--kv-cache-bytes={budget.kv_budget_bytes}",  # the pod's: the ranks split it
         f"--gpu-memory-utilization={spec.memory.gpu_memory_utilization:g}",
+        *([f"--tensor-parallel-size={gpus}"] if gpus > 1 else []),
     ]
 
 
@@ -145,6 +147,10 @@ def desired_deployment(
         {"name": "cache", "mountPath": "/var/cache/wok"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if spec.runtime.gpus_per_pod > 1 and not spec.model.source.startswith("sim:"):
+        # NCCL passes data between the ranks through /dev/shm; a container's default is 64Mi.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if spec.model.volume is not None:
         volumes.append(
             {

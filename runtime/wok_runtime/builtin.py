@@ -65,7 +65,13 @@ class BuiltinSpec:
     def fingerprint(self) -> str:
         import torch
 
-        record = {"spec": asdict(self), "version": GENERATOR_VERSION, "torch": torch.__version__}
+        spec = asdict(self)
+        # Config fields added after a model was first cached, at their default, leave its
+        # fingerprint as it was: a Llama model stays cached across the change.
+        for name in ("model_type", "rope_scaling"):
+            if spec["config"][name] == getattr(ModelConfig, name):
+                del spec["config"][name]
+        record = {"spec": spec, "version": GENERATOR_VERSION, "torch": torch.__version__}
         return _digest(record)
 
     def tokenizer_fingerprint(self) -> str:

@@ -63,6 +63,12 @@ def _register_serve(runtime: Any) -> None:
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="GPUs the model is split over (Megatron-style; one process per GPU)",
+    )
+    p.add_argument(
         "--dtype",
         default=None,
         help="float32 | float16 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)",

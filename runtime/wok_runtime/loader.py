@@ -15,6 +15,7 @@ import torch
 from wok_runtime.builtin import ensure_builtin
 from wok_runtime.model import Transformer, hf_weight_map
 from wok_runtime.model_config import ModelConfig
+from wok_runtime.parallel import SINGLE, Parallel, check_divisible
 from wok_runtime.weights import INDEX_FILE, iter_safetensors, load_safetensors, save_safetensors
 
 BUILTIN_PREFIX = "builtin:"
@@ -48,25 +49,30 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_model(path: Path, *, dtype: torch.dtype, device: torch.device) -> Transformer:
-    """Builds the model from a Hugging Face directory straight onto `device` in `dtype`.
+def load_model(
+    path: Path, *, dtype: torch.dtype, device: torch.device, parallel: Parallel = SINGLE
+) -> Transformer:
+    """Builds the model (under tensor parallelism, this rank's shard of it) from a Hugging Face
+    directory straight onto `device` in `dtype`.
 
     Streams: each checkpoint tensor is read into a host buffer, copied (converted) into its
     rows of the parameter on the device, and dropped, so the host never holds the checkpoint
     nor fused copies of it; on a GPU it holds about the largest tensor
     (`bench/results/loader_rss.md`)."""
     config = ModelConfig.from_file(Path(path) / "config.json")
-    model = Transformer(config)  # uninitialised parameters (untouched), replaced below
+    check_divisible(config, parallel.size)
+    model = Transformer(config, parallel)  # uninitialised parameters (untouched), replaced below
     targets = {
         name: torch.empty(p.shape, dtype=dtype, device=device)
         for name, p in model.named_parameters()  # a tied lm_head is embed_tokens' (one entry)
     }
-    weight_map = hf_weight_map(config)
+    weight_map = hf_weight_map(config, parallel.size)
     seen: set[str] = set()
     for name, tensor in iter_safetensors(Path(path)):
         if name not in weight_map:
             continue  # not a parameter of this model (e.g. a tied checkpoint's lm_head)
-        target, where = weight_map[name]
+        target, where, split = weight_map[name]
+        tensor = parallel.shard(tensor, split)
         rows = targets[target][where]
         if rows.shape != tensor.shape:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""A Llama-architecture decoder in plain torch: the one file that says what the model computes.
+"""A Llama-family decoder in plain torch: the one file that says what the model computes.
 
 The tokens of a step arrive packed, one row per token from every sequence of the batch (no batch
 dimension, no padding), as in vLLM. Attention is the only part that needs to know which token
@@ -9,17 +9,25 @@ sequence-agnostic and runs once over all packed tokens.
 
 Weights are held fused (`qkv_proj`, `gate_up_proj`) because on a CPU at decode batch sizes every
 matmul call costs fixed overhead; `hf_weight_map` maps the Hugging Face names onto them.
+
+The family's variations are switches of `ModelConfig` (see model_config.py): Llama 3.1's scaled
+rotary frequencies (`rope_tables`), Qwen2's Q/K/V bias, Qwen3's per-head q/k RMSNorm.
+
+Under tensor parallelism (parallel.py) each rank builds the same modules with 1/N of the heads
+and MLP columns, and sums the partial outputs of `o_proj` and `down_proj` across the ranks.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wok_runtime.model_config import ModelConfig
+from wok_runtime.model_config import Llama3RopeScaling, ModelConfig
+from wok_runtime.parallel import SINGLE, Parallel
 
 
 class AttentionBackend(Protocol):
@@ -31,15 +39,16 @@ class AttentionBackend(Protocol):
 
 
 class Linear(nn.Module):
-    """A bias-free linear layer whose weight is left uninitialised: every weight is loaded from
-    a checkpoint, and drawing a random init for 135M parameters costs seconds at start-up."""
+    """A linear layer whose weight is left uninitialised: every weight is loaded from a
+    checkpoint, and drawing a random init for 135M parameters costs seconds at start-up."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Module):
@@ -76,9 +85,30 @@ def rope_tables(config: ModelConfig, length: int) -> tuple[torch.Tensor, torch.T
     inv_freq = 1.0 / (
         config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     )  # (head_dim/2,)
+    if config.rope_scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, config.rope_scaling)
     freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = freqs.cos(), freqs.sin()  # (length, head_dim/2)
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1's frequencies: wavelengths longer than the original context / low_freq_factor
+    slowed by `factor` (so they span the longer context), those shorter than
+    original / high_freq_factor kept (local order), and a linear blend in between."""
+    old = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq  # (head_dim/2,)
+    slow = inv_freq / scaling.factor
+    # 0 at the long-wavelength edge of the band, 1 at its short edge.
+    smooth = (old / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * slow + smooth * inv_freq
+    out = torch.where(wavelen > old / scaling.low_freq_factor, slow, inv_freq)
+    in_band = (wavelen >= old / scaling.high_freq_factor) & (
+        wavelen <= old / scaling.low_freq_factor
+    )
+    return torch.where(in_band, blended, out)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -89,16 +119,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, parallel: Parallel = SINGLE) -> None:
         super().__init__()
         self.layer = layer
-        self.n_heads = config.num_attention_heads
-        self.n_kv_heads = config.num_key_value_heads
+        self.parallel = parallel
+        self.n_heads = config.num_attention_heads // parallel.size  # this rank's heads
+        self.n_kv_heads = config.num_key_value_heads // parallel.size
         self.head_dim = config.head_dim
         q_size = self.n_heads * self.head_dim
         kv_size = self.n_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size)
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(q_size, config.hidden_size)
+        # Qwen3: one RMSNorm over head_dim, shared by every query head (and one by every key head).
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -110,32 +144,37 @@ class Attention(nn.Module):
         T = x.shape[0]
         H, KVH = self.n_heads, self.n_kv_heads
         qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.head_dim)  # (T, H + 2*KVH, hd)
+        qk = qkv[:, : H + KVH]  # (T, H + KVH, hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat((self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])), dim=1)
         # q and k rotate in one call: elementwise calls dominate small decode steps.
-        qk = apply_rope(qkv[:, : H + KVH], cos, sin)  # (T, H + KVH, hd)
+        qk = apply_rope(qk, cos, sin)  # (T, H + KVH, hd)
         q, k = qk[:, :H], qk[:, H:]  # (T, H, hd), (T, KVH, hd)
         v = qkv[:, H + KVH :]  # (T, KVH, hd)
         out = attention(self.layer, q, k, v)  # (T, H, hd)
-        return self.o_proj(out.reshape(T, -1))  # (T, hidden)
+        return self.parallel.all_reduce(self.o_proj(out.reshape(T, -1)))  # (T, hidden)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: Parallel = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.parallel = parallel
+        intermediate = config.intermediate_size // parallel.size  # this rank's columns
+        self.gate_up_proj = Linear(config.hidden_size, 2 * intermediate)
+        self.down_proj = Linear(intermediate, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, intermediate) each
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU
+        return self.parallel.all_reduce(self.down_proj(F.silu(gate) * up))  # SwiGLU
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, parallel: Parallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, parallel)
 
     def forward(
         self,
@@ -149,11 +188,14 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: Parallel = SINGLE) -> None:
         super().__init__()
         self.config = config
+        self.parallel = parallel
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Block(config, i, parallel) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
@@ -180,35 +222,56 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(hidden)).float()
 
 
-def hf_weight_map(config: ModelConfig) -> dict[str, tuple[str, slice]]:
-    """Where each Hugging Face LlamaForCausalLM tensor goes: (this module's parameter, its
-    rows). The fused parameters take several: q, k, v stacked in `qkv_proj`, gate and up in
-    `gate_up_proj`, so the loader can copy each tensor into its rows as it reads it."""
-    q_rows = config.num_attention_heads * config.head_dim
-    kv_rows = config.num_key_value_heads * config.head_dim
+#: Where one checkpoint tensor goes: (parameter, its rows, the dim a tensor-parallel rank takes
+#: its 1/N of, None when every rank holds all of it).
+WeightTarget = tuple[str, slice, int | None]
+
+
+def hf_weight_map(config: ModelConfig, parallel_size: int = 1) -> dict[str, WeightTarget]:
+    """Where each Hugging Face tensor (LlamaForCausalLM's names, which the family shares) goes.
+    The fused parameters take several: q, k, v stacked in `qkv_proj` (weights and Qwen2's
+    biases), gate and up in `gate_up_proj`, so the loader can copy each tensor into its rows as
+    it reads it. Under tensor parallelism the rows are a rank's: q, k, v, gate and up are split
+    by rows (heads, MLP columns), o_proj and down_proj by columns (their inputs)."""
+    q_rows = config.num_attention_heads * config.head_dim // parallel_size
+    kv_rows = config.num_key_value_heads * config.head_dim // parallel_size
+    intermediate = config.intermediate_size // parallel_size
     whole = slice(None)
-    out = {"model.embed_tokens.weight": ("embed_tokens.weight", whole)}
-    out["model.norm.weight"] = ("norm.weight", whole)
+    out: dict[str, WeightTarget] = {
+        "model.embed_tokens.weight": ("embed_tokens.weight", whole, None),
+        "model.norm.weight": ("norm.weight", whole, None),
+    }
     if not config.tie_word_embeddings:
-        out["lm_head.weight"] = ("lm_head.weight", whole)
+        out["lm_head.weight"] = ("lm_head.weight", whole, None)
     qkv_rows = {
         "q": slice(0, q_rows),
         "k": slice(q_rows, q_rows + kv_rows),
         "v": slice(q_rows + kv_rows, q_rows + 2 * kv_rows),
     }
-    gate_up_rows = {
-        "gate": slice(0, config.intermediate_size),
-        "up": slice(config.intermediate_size, 2 * config.intermediate_size),
-    }
+    gate_up_rows = {"gate": slice(0, intermediate), "up": slice(intermediate, 2 * intermediate)}
     for i in range(config.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         for proj, rows in qkv_rows.items():
-            out[src + f"self_attn.{proj}_proj.weight"] = (dst + "self_attn.qkv_proj.weight", rows)
+            out[src + f"self_attn.{proj}_proj.weight"] = (
+                dst + "self_attn.qkv_proj.weight",
+                rows,
+                0,
+            )
+            if config.qkv_bias:
+                out[src + f"self_attn.{proj}_proj.bias"] = (
+                    dst + "self_attn.qkv_proj.bias",
+                    rows,
+                    0,
+                )
+        if config.qk_norm:
+            for name in ("self_attn.q_norm", "self_attn.k_norm"):
+                out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole, None)
         for proj, rows in gate_up_rows.items():
-            out[src + f"mlp.{proj}_proj.weight"] = (dst + "mlp.gate_up_proj.weight", rows)
-        for name in ("self_attn.o_proj", "mlp.down_proj", "input_layernorm",
-                     "post_attention_layernorm"):  # fmt: skip
-            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole)
+            out[src + f"mlp.{proj}_proj.weight"] = (dst + "mlp.gate_up_proj.weight", rows, 0)
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole, 1)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            out[src + f"{name}.weight"] = (dst + f"{name}.weight", whole, None)
     return out
 
 

@@ -9,6 +9,11 @@ of fixed-size blocks per layer; a token at position `p` of a sequence is stored 
 Everything that depends on the step's shape (slots to write, slots to gather, masks, rows to take
 logits from) is computed once per step by `_plan` and reused by all layers, so the per-layer cost
 is the same handful of tensor ops whatever the batch.
+
+Under tensor parallelism (`tensor_parallel_size` N > 1, parallel.py) this runner is rank 0: it
+spawns ranks 1..N-1, each a runner of its own shard and KV heads, and sends them every step before
+running its own part. Block ids and the pool's size in blocks are the same on every rank; the
+pool's bytes (`kv_cache_bytes`, the pod's budget) are split between them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import itertools
 import logging
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +32,15 @@ from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
 from wok_runtime.model import Transformer
 from wok_runtime.model_config import ModelConfig
+from wok_runtime.parallel import (
+    Parallel,
+    broadcast_step,
+    check_divisible,
+    free_port,
+    join_group,
+    rank_device,
+    spawn_workers,
+)
 from wok_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -131,6 +146,7 @@ class ModelRunner:
         max_num_batched_tokens: int,
         source: str = "",
         kv_memory: KvMemory | None = None,
+        workers: list[Any] | None = None,
     ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"the KV cache must hold at least one block, got {num_blocks}")
@@ -146,11 +162,14 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.parallel: Parallel = model.parallel
+        self.workers = workers or []  # rank 0's spawned ranks (processes)
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
+        # The whole model's (all ranks'), as the budget counts it.
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
         c = self.config
-        kv_heads, layers = c.num_key_value_heads, c.num_hidden_layers
+        kv_heads, layers = c.num_key_value_heads // self.parallel.size, c.num_hidden_layers
         shape = (layers, kv_heads, num_blocks, block_size, c.head_dim)
         # Zeros, not empty: padded gathers read unwritten slots, and garbage there could be NaN,
         # which a zero attention weight does not cancel (0 * NaN = NaN).
@@ -174,17 +193,45 @@ class ModelRunner:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         compile: bool = False,
+        tensor_parallel_size: int = 1,
+        parallel: Parallel | None = None,
+        port: int | None = None,
     ) -> ModelRunner:
+        """`tensor_parallel_size` > 1 spawns the other ranks (which call this with their
+        `parallel` and the group's `port`)."""
+        parallel = parallel or Parallel(0, tensor_parallel_size)
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if torch_device.type == "cuda":
-            require_cuda(torch_device)
+            require_cuda(torch_device, gpus=parallel.size)
         torch_dtype = parse_dtype(dtype)
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if max_num_batched_tokens <= 0:
             raise ValueError("max_num_batched_tokens must be positive")
         path = resolve_source(source)
-        model = load_model(path, dtype=torch_dtype, device=torch_device)
+        workers: list[Any] = []
+        if parallel.size > 1:
+            # Errors a rank would hit are found here, before any rank starts.
+            check_divisible(ModelConfig.from_file(path / "config.json"), parallel.size)
+            if compile:
+                raise ValueError("--compile is not supported with tensor parallelism")
+            if parallel.rank == 0:
+                port = free_port()
+                same = {  # every rank sizes the same pool for the same model
+                    "source": source,
+                    "dtype": dtype,
+                    "device": device,
+                    "block_size": block_size,
+                    "kv_cache_bytes": kv_cache_bytes,
+                    "gpu_memory_utilization": gpu_memory_utilization,
+                    "max_num_batched_tokens": max_num_batched_tokens,
+                    "max_model_len": max_model_len,
+                }
+                workers = spawn_workers(parallel.size, port, same)
+            assert port is not None, "a worker rank is given the group's port"
+            torch_device = rank_device(torch_device, parallel)
+            join_group(parallel, port, torch_device)
+        model = load_model(path, dtype=torch_dtype, device=torch_device, parallel=parallel)
         tokenizer = Tokenizer.from_dir(path)
         config = model.config
         if max_model_len is None:
@@ -202,7 +249,8 @@ class ModelRunner:
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
         # The room for the pool, measured after the load (the weights are not free memory).
         if torch_device.type == "cuda":
-            measured = _cuda_kv_room(
+            # Every GPU of the pod holds 1/N of the pool: the pod's room is N times this one's.
+            measured = parallel.size * _cuda_kv_room(
                 model, torch_device, gpu_memory_utilization, max_num_batched_tokens
             )
             where = f"measured free on {torch_device} at --gpu-memory-utilization "
@@ -234,6 +282,11 @@ class ModelRunner:
                 100 * KV_BUDGET_TOLERANCE,
             )
         num_blocks = kv_cache_bytes // block_bytes
+        if parallel.size > 1:
+            # Block ids name the same block on every rank: all take the smallest pool.
+            count = torch.tensor([num_blocks], device=torch_device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
+            num_blocks = int(count.item())
         if num_blocks <= 0:
             raise ValueError(
                 f"a KV budget of {kv_cache_bytes} bytes holds no block of {block_size} tokens "
@@ -248,6 +301,7 @@ class ModelRunner:
             max_num_batched_tokens=max_num_batched_tokens,
             source=source,
             kv_memory=kv_memory,
+            workers=workers,
         )
 
     @torch.inference_mode()
@@ -256,10 +310,36 @@ class ModelRunner:
         input: shape (len(inputs), vocab)."""
         if not inputs:
             return torch.empty(0, self.config.vocab_size, device=self.device)
-        plan = self._plan(inputs)
+        plan = self._plan(inputs)  # checked before any other rank sees the step
+        if self.workers:
+            # A rank that died would leave the broadcast waiting for it: fail the step instead.
+            dead = [w.exitcode for w in self.workers if not w.is_alive()]
+            if dead:
+                raise RuntimeError(f"a tensor-parallel rank exited (exit code {dead[0]})")
+            broadcast_step(inputs)
+        return self.model.logits(self._run(plan))  # (len(inputs), vocab)
+
+    @torch.inference_mode()
+    def forward_shard(self, inputs: list[StepInput]) -> None:
+        """A worker rank's part of a step that rank 0 sent (its logits are rank 0's)."""
+        self._run(self._plan(inputs))
+
+    def _run(self, plan: _StepPlan) -> torch.Tensor:
+        """The step through the model: hidden states of each input's last token (every rank
+        ends with all of them)."""
         backend = _PagedAttention(self, plan)
         hidden = self.model(plan.input_ids, plan.positions, backend)  # (T, hidden)
-        return self.model.logits(hidden[plan.last_rows])  # (len(inputs), vocab)
+        return hidden[plan.last_rows]
+
+    def close(self) -> None:
+        """Stops the other ranks (they also end with this process: they are daemons)."""
+        if not self.workers:
+            return
+        broadcast_step(None)
+        for worker in self.workers:
+            worker.join(timeout=30)
+        self.workers = []
+        torch.distributed.destroy_process_group()
 
     def _plan(self, inputs: list[StepInput]) -> _StepPlan:
         """Packs the step (single-token inputs first, so decode rows are one slice) and computes
@@ -341,7 +421,7 @@ class ModelRunner:
         return tensor
 
 
-def require_cuda(device: torch.device) -> None:
+def require_cuda(device: torch.device, *, gpus: int = 1) -> None:
     """A CUDA device that was asked for must be there: a GPU pod never falls back to the CPU
     (it would serve, slowly, from a KV pool sized for the GPU)."""
     with warnings.catch_warnings():  # is_available() may warn about the driver: one line only
@@ -358,6 +438,8 @@ def require_cuda(device: torch.device) -> None:
         raise ValueError(
             f"device {str(device)!r} was asked for but only {count} GPU(s) are visible"
         )
+    if gpus > count:
+        raise ValueError(f"tensor parallelism over {gpus} GPUs, but {count} are visible")
 
 
 # What one more SDPA call costs, in gathered blocks of padding it must save to be worth it.

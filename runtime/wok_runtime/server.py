@@ -1110,6 +1110,7 @@ def _build_runner(args: argparse.Namespace) -> Any:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

@@ -56,6 +56,14 @@ def test_valid_inference_service_is_accepted(crd_installed, wok_apiserver, wok_n
         assert fetched["metadata"]["uid"] == created["metadata"]["uid"]
 
 
+def test_a_pod_of_several_gpus_is_accepted(crd_installed, wok_apiserver, wok_namespace):
+    """Tensor parallelism: the CEL rule that held gpusPerPod at 1 is gone."""
+    spec = {"model": {"source": "builtin:tiny"}, "runtime": {"gpusPerPod": 4}}
+    with wok_apiserver.api() as api:
+        created = _create(api, wok_namespace, _service("four-gpus", spec))
+    assert created["spec"]["runtime"]["gpusPerPod"] == 4
+
+
 def test_cel_rule_rejects_inverted_batch_bounds(crd_installed, wok_apiserver, wok_namespace):
     spec = {
         "model": {"source": "builtin:tiny"},
@@ -67,6 +75,25 @@ def test_cel_rule_rejects_inverted_batch_bounds(crd_installed, wok_apiserver, wo
     assert "batching: minBatchSize <= initialBatchSize <= maxBatchSize must hold" in (
         rejected.value.message
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ({"source": "sim:h100", "preset": "gemma-2b"}, "spec.model.preset"),
+        (
+            {"source": "sim:h100", "architecture": {"modelType": "gemma"}},
+            "spec.model.architecture.modelType",
+        ),
+    ],
+)
+def test_a_model_the_runtime_cannot_serve_is_refused_at_apply(
+    crd_installed, wok_apiserver, wok_namespace, model, field
+):
+    with wok_apiserver.api() as api, pytest.raises(KubeError) as rejected:
+        _create(api, wok_namespace, _service("gemma", {"model": model}))
+    assert rejected.value.status == 422
+    assert field in rejected.value.message and '"gemma' in rejected.value.message
 
 
 def test_schema_rejects_memory_utilization_above_one(crd_installed, wok_apiserver, wok_namespace):

@@ -6,11 +6,20 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from wok_operator import api
+from wok_operator import api, budget
 from wok_operator.crd import inference_service_crd, render_crd_yaml
+from wok_runtime.model_config import MODEL_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "wok.dev_inferenceservices.yaml"
+ARCH = {
+    "numHiddenLayers": 2,
+    "hiddenSize": 64,
+    "intermediateSize": 128,
+    "numAttentionHeads": 4,
+    "numKeyValueHeads": 2,
+    "vocabSize": 512,
+}
 
 
 def test_a_two_line_spec_gets_safe_defaults():
@@ -46,9 +55,9 @@ def test_examples_are_valid(path):
         ({"replicas": 3}, "one owner at a time"),
         ({"model": {"source": "sim:llama-3-8b-80g"}}, "a path or sim: source needs model.preset"),
         ({"runtime": {"simLoadSeconds": 5}}, "applies to sim: sources only"),
-        ({"runtime": {"gpusPerPod": 2}}, "tensor parallelism is not supported yet"),
         ({"scaling": {"replicas": "external"}}, "needs spec.replicas"),
         ({"scaling": {"replicas": "keda"}}, "Input should be 'wok' or 'external'"),
+        ({"model": {"architecture": {**ARCH, "modelType": "gemma"}}}, "'llama', 'mistral'"),
     ],
 )
 def test_invalid_specs_are_rejected_with_a_readable_message(spec, message):
@@ -175,3 +184,14 @@ def test_the_scale_subresource_lets_an_hpa_or_keda_own_the_replicas():
 def test_printer_columns():
     columns = inference_service_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
     assert [c["name"] for c in columns] == ["Ready", "Replicas", "Batch", "Queue", "P99", "Age"]
+
+
+def test_the_crd_refuses_a_model_the_runtime_cannot_serve():
+    """`kubectl apply` refuses a family or a preset the runtime has no answer for (the
+    apiserver checks the enums), before any pod is made."""
+    model = inference_service_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    model = model["properties"]["spec"]["properties"]["model"]["properties"]
+    assert model["preset"]["enum"] == list(budget.PRESETS)
+    families = model["architecture"]["properties"]["modelType"]["enum"]
+    assert tuple(families) == MODEL_TYPES  # the operator's list is the runtime's
+    assert {budget.preset(name).model_type for name in budget.PRESETS} <= set(families)

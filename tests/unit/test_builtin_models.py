@@ -192,7 +192,7 @@ def test_config_validates_itself() -> None:
             head_dim=16,
             vocab_size=300,
         )
-    with pytest.raises(ValueError, match="only Llama"):
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
     raw = SMALL.config.to_hf_dict()
     assert ModelConfig.from_hf_dict(raw) == SMALL.config

@@ -304,3 +304,20 @@ def test_a_reconcile_keeps_the_batch_cap_the_loop_sized_from_observed_lengths():
     assert (
         status["sequenceLength"] == 1500 and status["maxBatchByMemory"] == in_force.max_batch_size
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"source": "builtin:gemma-2b"}, "unknown preset 'gemma-2b'"),
+        ({"source": "sim:h100", "preset": "gemma-2b"}, "unknown preset 'gemma-2b'"),
+    ],
+)
+def test_a_model_the_operator_cannot_size_is_an_invalid_spec_before_any_pod(model, message):
+    """What the CRD's enums cannot see (a builtin's name; a preset sent without the schema,
+    e.g. from Python) is refused by the reconcile with the reason, which it writes to the
+    Degraded condition (InvalidSpec) instead of making a Deployment."""
+    from wok_operator.handlers import validated  # imports kopf: only here
+
+    with pytest.raises(ValueError, match=message):
+        validated({"model": model})
