@@ -25,9 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOS = ["--slo-ttft", "2", "--slo-tpot", "0.1", "--slo-e2e", "5"]
+NO_E2E = [*SLOS[:4], "--slo-e2e", "0"]  # TTFT and TPOT only
 STATIC = "static-peak,static-mean"
 AUTOSCALERS = (
-    "wok,seed,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
+    "wok,sign-step,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
     ",ceiling"
 )
 PROFILE = "sim:llama-3-8b-80g"
@@ -65,7 +66,7 @@ COLUMNS = (
 
 def load_of(mode: str, trace: str | None = None) -> list[str]:
     if trace is not None:  # a synthetic load: no rate scaling, no E2E SLO
-        return ["--trace", trace, *SLOS[:4]]
+        return ["--trace", trace, *NO_E2E]
     return ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
 
 
@@ -79,7 +80,7 @@ def held_out_load(trace: Path, scale: float) -> list[str]:
         str(scale),
         "--rate-mode",
         "overlay",
-        *SLOS[:4],
+        *NO_E2E,
     ]
 
 

@@ -13,7 +13,7 @@ from wok_operator.control import (
     LoopState,
     Observation,
     decide,
-    decide_seed,
+    decide_sign_step,
     pooled_replicas,
 )
 
@@ -337,9 +337,9 @@ def test_an_unattainable_tpot_is_reported_not_chased_below_the_floor():
     assert d.unattainable and "no batch size" in d.unattainable
 
 
-def test_the_seed_law_is_the_briefs_sign_step():
+def test_the_sign_step_law_is_the_plain_clipped_sign_step():
     params = default_params(batch_step=4)
-    up = decide_seed(LoopState(batch=8, replicas=1), obs(30), params, now=0)
+    up = decide_sign_step(LoopState(batch=8, replicas=1), obs(30), params, now=0)
     assert (up.batch, up.replicas) == (12, 1)
     breach = Observation(
         queue_per_replica=30,
@@ -348,7 +348,7 @@ def test_the_seed_law_is_the_briefs_sign_step():
         pending_replicas=0,
         p99_ttft_seconds=10,
     )
-    assert decide_seed(LoopState(batch=8, replicas=1), breach, params, now=0).batch == 4
+    assert decide_sign_step(LoopState(batch=8, replicas=1), breach, params, now=0).batch == 4
 
 
 @settings(max_examples=150, deadline=None)
