@@ -1,4 +1,4 @@
-"""The autoscaling comparison of issue 10: `wok simulate` on the shared Azure code trace, every
+"""The autoscaling comparison: `wok simulate` on the shared Azure code trace, every
 policy side by side, at 30, 90 and 180 s pod start and in both rate modes.
 
 Static fleets never start a pod after t = 0, so the pod start cannot change their rows: they are
@@ -198,7 +198,7 @@ def main() -> int:
     everything = {**results, **held_out, **synthetic}
     (out / "autoscale_sim.json").write_text(json.dumps(everything, indent=2) + "\n")
     parts = [
-        "# Autoscaling in the fleet simulator (issue 10)",
+        "# Autoscaling in the fleet simulator",
         "",
         "Made by `.venv/bin/python bench/autoscale_sim.py` (each table: `wok simulate "
         "--rate-scale 3 --rate-mode MODE --cold-start S --slo-ttft 2 --slo-tpot 0.1 --slo-e2e 5 "

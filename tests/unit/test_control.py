@@ -1,4 +1,5 @@
-"""The control law, by its properties (hypothesis) and by the failure modes issue 10 diagnosed."""
+"""The control law, by its properties (hypothesis) and by the failure modes the fleet simulator
+showed (docs/control-law.md)."""
 
 import math
 from dataclasses import replace
@@ -604,7 +605,7 @@ def test_a_pod_saturated_at_its_final_cap_is_sized_as_many_servers_one_with_free
 
 def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
     """The slots alone say a pod holds its whole batch cap; a compute-bound pod never gets there
-    (issue 10's held-out conversation trace: slots took 3 pods to 2 before any pod had saturated,
+    (the held-out conversation trace: slots took 3 pods to 2 before any pod had saturated,
     and the two missed TTFT for two minutes). The most a pod has served with TTFT and TPOT met
     is the floor: fewer pods would each serve more than any has been seen to serve well."""
     params = default_params(scale_down_window_s=300)
