@@ -56,7 +56,7 @@ POLICIES: dict[str, str] = {
 
 def help_epilog() -> str:
     """The columns and the policies, for `wok simulate --help` (one line each)."""
-    from wok_sim.report import COLUMNS
+    from wok_sim.columns import COLUMNS
 
     def entries(pairs: Sequence[tuple[str, str]]) -> list[str]:
         width = max(len(name) for name, _ in pairs)

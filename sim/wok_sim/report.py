@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wok_sim.columns import COLUMNS
 from wok_sim.fleet import FleetRun, Tick
 
 if TYPE_CHECKING:
@@ -142,37 +143,6 @@ def summarize(
 
 def to_json(results: Sequence[PolicyResult]) -> str:
     return json.dumps({"policies": {r.name: r.as_json() for r in results}}, indent=2)
-
-
-#: The table's columns: header and what it means (`wok simulate --help` and docs/simulate.md
-#: print these; a test keeps the table's headers and this list the same).
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("policy", "the policy's name (the list below)"),
-    (
-        "B",
-        "the fixed batch size a baseline ran at, the best of its sweep over B in hindsight; "
-        "- for a policy that moves its batch",
-    ),
-    ("all", "share of requests within every SLO: TTFT, TPOT and E2E (when --slo-e2e is set)"),
-    ("TTFT", "share of requests whose first token came within --slo-ttft of their arrival"),
-    ("TPOT", "share of requests whose mean time per output token was within --slo-tpot"),
-    ("E2E", "share of requests that finished within --slo-e2e (finished at all, when unset)"),
-    ("p99TTFT", "99th percentile time to first token of the requests that completed (s)"),
-    ("p99TPOT", "99th percentile mean time per output token of the completed requests (s)"),
-    ("p99E2E", "99th percentile end-to-end latency of the completed requests (s)"),
-    ("GPU-h", "GPU-hours billed: every pod from its creation (pending pods bill) to its exit"),
-    ("GPUh/1k", "GPU-hours per 1,000 output tokens served"),
-    ("scale", "changes of the replica count"),
-    ("flips", "changes of the replica count that reverse the previous change's direction"),
-    ("maxQ", "the most requests waiting in the fleet's queues at one instant"),
-    ("rej", "requests refused: a full queue (429) or no ready pod (503); each a miss"),
-    ("tmo", "requests that waited in a queue past the runtime's queue timeout; each a miss"),
-    (
-        "drop",
-        "requests still running or queued when their pod was removed and its drain ran "
-        "out, or when the run ended; each a miss",
-    ),
-)
 
 
 def _seconds(value: float | None) -> str:

@@ -16,7 +16,7 @@ from wok.cli import build_parser, main
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_sim.cli import POLICIES
-from wok_sim.report import COLUMNS
+from wok_sim.columns import COLUMNS
 from wok_sim.traces import DEFAULT_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import pytest
 
 from wok.cli import build_parser, main
 from wok_sim.cli import POLICIES, rate_scale_of
+from wok_sim.columns import COLUMNS
 from wok_sim.policies import load_registry
-from wok_sim.report import COLUMNS
 
 JSON_KEYS = {
     "slo_attainment",
