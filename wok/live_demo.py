@@ -190,7 +190,7 @@ def live_figure(ticks: list[Tick]) -> Figure:
 
     t = [tick.t for tick in ticks]
     cap = min(PARAMS.batch_max, PARAMS.batch_mem)
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(13, 4))
     ax.plot(t, [tick.waiting for tick in ticks], label="waiting requests (queue)")
     ax.plot(t, [tick.running for tick in ticks], label="running requests")
     ax.step(t, [tick.batch for tick in ticks], where="post", label="max batch size (live cap)")
@@ -199,7 +199,7 @@ def live_figure(ticks: list[Tick]) -> Figure:
         color="tab:red",
         linestyle="--",
         linewidth=1,
-        label=f"batch ceiling {cap} (B_max = B_mem): at it, the queue waits above target",
+        label=f"batch ceiling {cap} (B_max = B_mem):\nat it, the queue waits above target",
     )
     ax.axhspan(
         PARAMS.target_queue - PARAMS.deadband,
@@ -211,7 +211,8 @@ def live_figure(ticks: list[Tick]) -> Figure:
     ax.set_xlabel("time (s)")
     ax.set_ylabel("requests (one pod)")
     ax.set_title("wok, live: a real runtime under a burst, its batch moved by the control law")
-    ax.legend(loc="upper right", fontsize="small")
+    # Beside the axes, not on them: the running set sits at the ceiling in the upper half.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.tight_layout()
     return fig
 

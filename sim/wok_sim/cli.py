@@ -214,8 +214,9 @@ def run(args: argparse.Namespace) -> int:
     slowest = max(results.values(), key=lambda r: r.wall_seconds)
     print(
         f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
-        f"{profile.max_model_len}), profile {profile.name}, {len(jobs)} simulations; the "
-        f"slowest {slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
+        f"{profile.max_model_len}), profile {profile.name}, "
+        f"{len(jobs)} simulation{'s' * (len(jobs) != 1)}; the slowest "
+        f"{slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
         file=sys.stderr,
     )
     if args.json:
