@@ -290,7 +290,7 @@ def comparison_figure(results: Sequence[PolicyResult]) -> Figure:
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("time (min)")
     ax.set_ylabel("replicas (desired, log scale)")
-    ax.legend(loc="upper left", fontsize="small", ncol=3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.suptitle(f"{len(results)} policies on the same arrivals")
     fig.tight_layout()
     return fig
