@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 
 import pytest
 
@@ -113,3 +115,18 @@ def test_the_sign_step_policy_no_longer_shares_a_word_with_seed():
     registry = load_registry()
     assert "sign-step" in registry and "seed" not in registry
     assert main([*SHORT[:-4], "--policy", "seed", "--jobs", "1"]) == 2
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: tqdm draws its bar only there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_counts_the_simulations_on_stderr(monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*SHORT[:-4], "--policy", "wok,sign-step", "--jobs", "1"]) == 0
+    assert "simulations: 100%" in terminal.getvalue() and "2/2" in terminal.getvalue()
+    assert "simulations" not in capsys.readouterr().out
