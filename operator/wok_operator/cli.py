@@ -162,7 +162,8 @@ def memory_bytes(flag: str, text: str) -> int:
     quantity it would be bytes, and `--gpu-memory 80` surely did not mean 80 bytes."""
     from wok_operator.api import quantity_bytes
 
-    if re.fullmatch(r"\s*[0-9.eE+-]+\s*", text) and text.strip() != "0":
+    # A number with no suffix (80, 8.5, 1e10); 80E is a unit (exabytes), 0 needs none.
+    if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text.strip()) and float(text) != 0:
         raise ValueError(
             f"{flag} {text} has no unit: write {text.strip()}Gi (GiB, 2^30 bytes) or "
             f"{text.strip()}G (GB, 10^9 bytes)"

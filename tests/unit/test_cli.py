@@ -55,13 +55,19 @@ def test_the_budget_help_shows_the_max_model_len_default(capsys):
 
 
 @pytest.mark.parametrize("flag", ["--gpu-memory", "--reserve"])
-def test_a_memory_size_without_a_unit_is_refused_naming_both_readings(capsys, flag):
-    assert main(["budget", "--preset", "llama-3-8b", flag, "80"]) == 2
+@pytest.mark.parametrize("size", ["80", "8.5"])
+def test_a_memory_size_without_a_unit_is_refused_naming_both_readings(capsys, flag, size):
+    assert main(["budget", "--preset", "llama-3-8b", flag, size]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        f"wok budget: error: {flag} 80 has no unit: write 80Gi (GiB, 2^30 bytes) or 80G "
-        "(GB, 10^9 bytes)"
+        f"wok budget: error: {flag} {size} has no unit: write {size}Gi (GiB, 2^30 bytes) or "
+        f"{size}G (GB, 10^9 bytes)"
     )
+
+
+def test_a_reserve_of_zero_needs_no_unit(capsys):
+    assert main(["budget", "--preset", "llama-3-8b", "--reserve", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reserve_bytes"] == 0
 
 
 def test_a_memory_size_with_a_unit_is_read_in_it(capsys):
