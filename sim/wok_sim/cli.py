@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         print(table(chosen))
     if args.plot:
         arrivals = [r.arrival_s for r in requests]
-        for path in write_plots(chosen, slos, args.plot, arrivals):
+        for path in write_plots(chosen, slos, args.plot, arrivals_s=arrivals):
             print(f"plot: {path}", file=sys.stderr)
     return 0
 

@@ -297,7 +297,7 @@ def comparison_figure(results: Sequence[PolicyResult]) -> Figure:
 
 
 def write_plots(
-    results: Sequence[PolicyResult], slos: Slos, folder: Path, arrivals_s: Sequence[float]
+    results: Sequence[PolicyResult], slos: Slos, folder: Path, *, arrivals_s: Sequence[float]
 ) -> list[Path]:
     """One plot a policy, and a comparison when there is more than one policy to compare."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -97,9 +97,11 @@ def test_a_policy_at_32_pods_does_not_flatten_the_others():
 
 
 def test_one_policy_gets_no_comparison_chart(tmp_path):
-    paths = write_plots([result("wok", [1, 2], interval_s=5.0)], SLOS, tmp_path, ARRIVALS)
+    paths = write_plots(
+        [result("wok", [1, 2], interval_s=5.0)], SLOS, tmp_path, arrivals_s=ARRIVALS
+    )
     assert [p.name for p in paths] == ["simulate-wok.png"]
     two = [result("wok", [1, 2], interval_s=5.0), result("hpa-waiting", [1, 3], interval_s=15.0)]
-    paths = write_plots(two, SLOS, tmp_path, ARRIVALS)
+    paths = write_plots(two, SLOS, tmp_path, arrivals_s=ARRIVALS)
     assert [p.name for p in paths][-1] == "simulate-comparison.png"
     assert all(p.stat().st_size > 0 for p in paths)
