@@ -68,7 +68,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     requests = read_batch_file(args.input)
-    print(f"{args.input}: {len(requests)} requests, valid")
+    print(f"{args.input}: {len(requests)} request{'s' * (len(requests) != 1)}, valid")
     return 0
 
 

@@ -152,3 +152,25 @@ def test_the_readme_quotes_the_figures_of_the_default_run_in_the_simulate_doc():
     )
     peak_share = peak["all"].removesuffix("%")
     assert f"needs {peak['GPU-h']} GPU-hours for {peak_share} %" in readme
+
+
+def test_the_batch_docs_example_input_line_is_valid(tmp_path, capsys):
+    doc = (ROOT / "docs" / "batch.md").read_text()
+    [line] = [block for block in re.findall(r"^```json\n(.*?)^```", doc, re.M | re.S)
+              if '"method"' in block]  # fmt: skip
+    (tmp_path / "in.jsonl").write_text(line)
+    assert main(["batch", "validate", "--input", str(tmp_path / "in.jsonl")]) == 0
+    assert "1 request, valid" in capsys.readouterr().out
+
+
+def test_the_readme_gpu_status_matches_bench_results():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    top = readme[: readme.index("## Two commands")]
+    for heading in ("**Models**", "**GPU status**", "**Prerequisites**", "**Images**"):
+        assert heading in top, heading
+    # The claim stands only while no GPU result has been written.
+    gpu_results = sorted((ROOT / "bench" / "results").glob("gpu_check*"))
+    if "nothing of wok has run on a GPU yet" in top:
+        assert gpu_results == []
+    else:
+        assert gpu_results, "the README claims a GPU run that bench/results does not hold"
