@@ -670,7 +670,7 @@ def write_markdown(data: dict[str, Any]) -> str:
     sims: dict[str, dict] = data.get("simulator", {})
     ordered = [p for p in POLICIES if p in runs]
     lines = [
-        "# wok against KEDA and the HPA on the emulated cluster (issue 11 §4)",
+        "# wok against KEDA and the HPA on the emulated cluster",
         "",
         "Made by `bench/autoscale_cluster.py`; every invocation merges its runs into "
         "`autoscale_cluster.json` and rewrites this file and the plot from all runs present. "
@@ -964,10 +964,10 @@ def main(argv: list[str] | None = None) -> int:
                         batches[policy],
                         run_dir,
                     )
-                    brief = {
+                    short = {
                         k: v for k, v in runs[policy].items() if k not in ("timeline", "settings")
                     }
-                    print(json.dumps(brief), file=sys.stderr, flush=True)
+                    print(json.dumps(short), file=sys.stderr, flush=True)
                 except Exception as error:  # one policy's failure must not lose the others
                     errors[policy] = repr(error)
                     print(f"[{policy}] FAILED: {error!r}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""The autoscaling comparison of issue 10 again, on other draws of the same loads.
+"""The autoscaling comparison (bench/autoscale_sim.py) again, on other draws of the same loads.
 
 `--rate-mode overlay` adds seeded, jittered copies of every request: each `--seed` is another
 plausible hour of the same service, with its bursts in other places. One draw can flatter a law
@@ -73,7 +73,7 @@ def main() -> int:
     out = ROOT / "bench" / "results"
     (out / "autoscale_seeds.json").write_text(json.dumps(results, indent=2) + "\n")
     parts = [
-        "# Autoscaling across overlay draws (issue 10)",
+        "# Autoscaling across overlay draws",
         "",
         f"Made by `.venv/bin/python bench/autoscale_seeds.py --seeds {args.seeds}`: each cell is "
         "`wok simulate … --seed N --cold-start 90 --policy …` (the loads and SLOs of "

@@ -1,4 +1,4 @@
-"""The autoscaling comparison of issue 10: `wok simulate` on the shared Azure code trace, every
+"""The autoscaling comparison: `wok simulate` on the shared Azure code trace, every
 policy side by side, at 30, 90 and 180 s pod start and in both rate modes.
 
 Static fleets never start a pod after t = 0, so the pod start cannot change their rows: they are
@@ -25,9 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOS = ["--slo-ttft", "2", "--slo-tpot", "0.1", "--slo-e2e", "5"]
+NO_E2E = [*SLOS[:4], "--slo-e2e", "0"]  # TTFT and TPOT only
 STATIC = "static-peak,static-mean"
 AUTOSCALERS = (
-    "wok,seed,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
+    "wok,sign-step,hpa-waiting,keda-waiting,hpa-concurrency-16,hpa-concurrency-32,hpa-concurrency-48"
     ",ceiling"
 )
 PROFILE = "sim:llama-3-8b-80g"
@@ -65,7 +66,7 @@ COLUMNS = (
 
 def load_of(mode: str, trace: str | None = None) -> list[str]:
     if trace is not None:  # a synthetic load: no rate scaling, no E2E SLO
-        return ["--trace", trace, *SLOS[:4]]
+        return ["--trace", trace, *NO_E2E]
     return ["--rate-scale", "3", "--rate-mode", mode, *SLOS]
 
 
@@ -79,7 +80,7 @@ def held_out_load(trace: Path, scale: float) -> list[str]:
         str(scale),
         "--rate-mode",
         "overlay",
-        *SLOS[:4],
+        *NO_E2E,
     ]
 
 
@@ -197,7 +198,7 @@ def main() -> int:
     everything = {**results, **held_out, **synthetic}
     (out / "autoscale_sim.json").write_text(json.dumps(everything, indent=2) + "\n")
     parts = [
-        "# Autoscaling in the fleet simulator (issue 10)",
+        "# Autoscaling in the fleet simulator",
         "",
         "Made by `.venv/bin/python bench/autoscale_sim.py` (each table: `wok simulate "
         "--rate-scale 3 --rate-mode MODE --cold-start S --slo-ttft 2 --slo-tpot 0.1 --slo-e2e 5 "

@@ -1,6 +1,6 @@
 """Does the batch lane keep out of the online lane's way, and does it fill the idle capacity?
 
-Why: the batch lane (issue 13) promises that an offline backlog costs the online traffic nothing
+Why: the batch lane promises that an offline backlog costs the online traffic nothing
 (no 429s, its P99 within 1.2x of alone) while it uses the capacity the online traffic leaves
 idle (at least 60 % of it). For each `--devices` entry one real `wok runtime serve` process on
 loopback: `cpu` runs builtin:tiny on the CPU (the real model; a step's cost grows with every

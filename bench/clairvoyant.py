@@ -1,4 +1,4 @@
-"""How close the law is to a fleet that knows the future (issue 10).
+"""How close the law is to a fleet that knows the future.
 
 A clairvoyant fleet reads the trace ahead: at every 15 s tick it asks for the pods that the busiest
 minute of GPU work within the next pod start + one minute needs at utilization u (a request's work
@@ -146,7 +146,7 @@ def render(runs: list[dict]) -> None:
     sim = out / "autoscale_sim.json"
     measured = json.loads(sim.read_text()) if sim.exists() else {}
     parts = [
-        "# A fleet that knows the future (issue 10)",
+        "# A fleet that knows the future",
         "",
         f"Made by `.venv/bin/python bench/clairvoyant.py`: profile `{PROFILE}`, {POD_START_S:g} s "
         "pod start, the autoscalers' warm start, random routing; per u, the best fixed B in "

@@ -1,4 +1,4 @@
-"""One prepared check of wok's runtime on a GPU machine (issue 12 §2): under 8 minutes on one
+"""One prepared check of wok's runtime on a GPU machine: under 8 minutes on one
 H100/H200-class GPU, for a session that holds such a machine only briefly.
 
   (a) greedy equality: wok's engine (continuous batching) against Hugging Face transformers on the

@@ -566,7 +566,7 @@ def ms(x: float | None) -> str:
 def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -> str:
     cores = r["cpu_cores_by_component"]
     lines = [
-        "# Operator scale on active services (issue 11 §5)",
+        "# Operator scale on active services",
         "",
         f"Made by `bench/operator_scale.py` (raw figures in `{raw}`):",
         "",

@@ -1,7 +1,7 @@
 """What a simulated-accelerator pod costs, and whether it keeps the profile's pace.
 
 Why: the emulated cluster runs 20-50 `wok runtime serve --device sim` pods on one small machine,
-so each must cost little CPU and memory (issue 11's targets: < 3 % of a core at 20 req/s,
+so each must cost little CPU and memory (the targets: < 3 % of a core at 20 req/s,
 < 150 MB RSS), and its measured throughput must be the profile's prediction, or every fleet-scale
 result would be off by the difference.
 

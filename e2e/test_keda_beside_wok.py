@@ -1,4 +1,4 @@
-"""wok beside KEDA (issue 11 §3): KEDA scales an InferenceService through its scale subresource
+"""wok beside KEDA: KEDA scales an InferenceService through its scale subresource
 while wok moves its batch, and neither fights the other.
 
 One InferenceService with `scaling.replicas: external` on simulated GPUs, the real operator, KEDA

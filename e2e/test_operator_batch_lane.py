@@ -1,4 +1,4 @@
-"""The batch lane end to end (issue 13): the Job of examples/batch-job.yaml runs `wok batch run`
+"""The batch lane end to end: the Job of examples/batch-job.yaml runs `wok batch run`
 with a 200-line file against a runtime pod while online clients send a burst. Without the
 deadline opt-in the operator shows the backlog in status and adds no replica for it; patched
 with `spec.batchLane.completeWithinSeconds`, it adds one, saying why; the Job completes with

@@ -15,11 +15,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from wok_operator.control import LawParams, LoopState, Observation, decide
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PARAMS = LawParams(
     batch_min=1,
@@ -175,17 +179,28 @@ def _loop(url: str, token: str, busy_s: float, quiet_s: float) -> list[Tick]:
     return ticks
 
 
-def plot_live(ticks: list[Tick], path: Path) -> None:
+def live_figure(ticks: list[Tick]) -> Figure:
+    """The queue, the running set and the live batch size over the run, with the ceiling the
+    batch may not pass: while the running set sits at that cap, the queue stays above its
+    target and only more replicas (none here: one pod) could drain it faster."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [tick.t for tick in ticks]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    cap = min(PARAMS.batch_max, PARAMS.batch_mem)
+    fig, ax = plt.subplots(figsize=(13, 4))
     ax.plot(t, [tick.waiting for tick in ticks], label="waiting requests (queue)")
     ax.plot(t, [tick.running for tick in ticks], label="running requests")
     ax.step(t, [tick.batch for tick in ticks], where="post", label="max batch size (live cap)")
+    ax.axhline(
+        cap,
+        color="tab:red",
+        linestyle="--",
+        linewidth=1,
+        label=f"batch ceiling {cap} (B_max = B_mem):\nat it, the queue waits above target",
+    )
     ax.axhspan(
         PARAMS.target_queue - PARAMS.deadband,
         PARAMS.target_queue + PARAMS.deadband,
@@ -194,8 +209,17 @@ def plot_live(ticks: list[Tick], path: Path) -> None:
         label="queue target ± deadband",
     )
     ax.set_xlabel("time (s)")
+    ax.set_ylabel("requests (one pod)")
     ax.set_title("wok, live: a real runtime under a burst, its batch moved by the control law")
-    ax.legend(loc="upper right")
+    # Beside the axes, not on them: the running set sits at the ceiling in the upper half.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def plot_live(ticks: list[Tick], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = live_figure(ticks)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from wok_batch.batch_file import read_batch_file
-from wok_batch.results import ResultWriter, answered_ids, truncate_torn_tail
+from wok_batch.results import ResultWriter, keep_final, truncate_torn_tail
 from wok_batch.summary import Summary
 
 
@@ -24,7 +24,13 @@ def register(commands: Any) -> None:
     )
     batch = parser.add_subparsers(dest="batch_command", required=True, metavar="COMMAND")
     run_parser = batch.add_parser(
-        "run", help="send every request of a batch file; resumes from the output file"
+        "run",
+        help="send every request of a batch file; resumes from the output file",
+        description="Send every request of a batch file. A rerun skips the lines already "
+        "answered 2xx or refused for their own body (4xx), and sends again those that failed for "
+        "a reason outside the line (no answer, 5xx, 429, 404/405). Exit 0 when every line has a "
+        "2xx answer, 1 when any has not, 2 on an invalid input file or argument.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_run_arguments(run_parser)
     run_parser.set_defaults(func=run)
@@ -40,10 +46,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         required=True,
         metavar="FILE",
-        help="result lines, appended; ids already in it are skipped",
+        help="result lines, appended; ids answered in it are skipped",
     )
     parser.add_argument(
-        "--url", required=True, help="the service's base URL, e.g. http://NAME-runtime (no /v1)"
+        "--url",
+        required=True,
+        help="the service's base URL, with or without /v1, e.g. http://NAME-runtime",
     )
     parser.add_argument("--max-concurrency", type=int, default=32, metavar="N")
     parser.add_argument(
@@ -60,7 +68,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     requests = read_batch_file(args.input)
-    print(f"{args.input}: {len(requests)} requests, valid")
+    print(f"{args.input}: {len(requests)} request{'s' * (len(requests) != 1)}, valid")
     return 0
 
 
@@ -79,9 +87,19 @@ def run(args: argparse.Namespace) -> int:
     torn = truncate_torn_tail(args.output)
     if torn:
         print(f"cut a torn last line ({torn} bytes) left by an interrupted run", file=sys.stderr)
-    answered = answered_ids(args.output)
-    pending = [request for request in requests if request.custom_id not in answered]
-    summary = Summary(total=len(requests), skipped=len(requests) - len(pending))
+    answered, dropped = keep_final(args.output)
+    if dropped:
+        print(
+            f"sending again {dropped} lines that failed for a reason outside the line",
+            file=sys.stderr,
+        )
+    summary = Summary(total=len(requests))
+    pending = []
+    for request in requests:
+        if request.custom_id in answered:
+            summary.add_earlier(answered[request.custom_id])
+        else:
+            pending.append(request)
     started = time.monotonic()
     with (
         ResultWriter(args.output) as writer,
@@ -104,4 +122,4 @@ def run(args: argparse.Namespace) -> int:
     summary.elapsed_s = time.monotonic() - started
     summary.throttled, summary.retried = stats.throttled, stats.retried
     print(json.dumps(summary.as_dict()) if args.json else summary.text())
-    return 0
+    return summary.exit_code

@@ -5,7 +5,8 @@ Which answers are retried follows what they mean for a batch that must finish un
   bound: a busy service is the normal case for offline work, not a failure);
 - a connection error, a timeout or a 5xx may pass (a pod restarting, a drain): exponential
   backoff with jitter, at most `max_attempts` tries, then the last answer or error is the result;
-- any other 4xx will fail again the same way: written at once, never retried.
+- any other 4xx is written at once. A rerun of the file sends again the lines that failed for a
+  reason outside the line (results.is_final); a 4xx for the line's own body stays final.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ def retry_after_seconds(value: str | None) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError):
         return None
+
+
+def service_root(url: str) -> str:
+    """The base URL the batch file's `/v1/...` paths join to: a trailing /v1 (a client library's
+    habit) is dropped, so that both spellings reach the same endpoints."""
+    root = url.rstrip("/")
+    return root.removesuffix("/v1")
 
 
 def response_record(response: httpx.Response) -> dict[str, Any]:
@@ -152,7 +160,7 @@ async def send_all(
     completion order); returns the retry counts."""
     limits = httpx.Limits(max_connections=settings.max_concurrency)
     async with httpx.AsyncClient(
-        base_url=settings.url, timeout=settings.timeout_s, limits=limits
+        base_url=service_root(settings.url), timeout=settings.timeout_s, limits=limits
     ) as http:
         sender = _Sender(http, settings)
         # One shared iterator: the event loop runs one worker at a time, so next() never races.

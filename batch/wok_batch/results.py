@@ -1,8 +1,9 @@
 """The output file: append-only result lines, so a run may die at any instant and resume.
 
 Each result is one whole line, written and fsynced before it counts as answered. A crash can at
-worst leave a torn last line; a run first cuts that tail away, then reads which ids are answered
-and skips them, so every custom_id ends with exactly one result line however often it is killed.
+worst leave a torn last line; a run first cuts that tail away, then drops the lines that failed
+for a reason outside the line (they are sent again) and skips the ids still answered, so every
+custom_id ends with exactly one result line however often it is killed or rerun.
 The lines are OpenAI's batch output format.
 """
 
@@ -17,6 +18,11 @@ from typing import Any
 
 #: How far back a torn tail is searched for its line start per read.
 _TAIL_CHUNK = 64 * 1024
+
+#: 4xx answers that say nothing about the line's own body: a wrong endpoint (404, 405, e.g. a
+#: --url that pointed elsewhere), a request timeout (408) or throttling (429). A rerun retries
+#: them, as it does 5xx answers and requests that got no answer at all.
+RETRIED_4XX = frozenset({404, 405, 408, 429})
 
 
 def result_record(
@@ -33,6 +39,12 @@ def result_record(
         "response": response,
         "error": error,
     }
+
+
+def result_line(record: dict[str, Any]) -> bytes:
+    """One record as the bytes of its output line, newline included."""
+    line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return line.encode("utf-8")
 
 
 def truncate_torn_tail(path: Path) -> int:
@@ -56,24 +68,52 @@ def truncate_torn_tail(path: Path) -> int:
         return size - keep
 
 
-def answered_ids(path: Path) -> set[str]:
-    """The custom_ids that already have a result line (call after truncate_torn_tail)."""
+def is_final(record: dict[str, Any]) -> bool:
+    """Whether a result line stands on a rerun: a 2xx, or a 4xx for the line's own body (it would
+    fail the same way again). No answer, a 5xx or a `RETRIED_4XX` is sent again."""
+    response = record["response"]
+    if response is None:
+        return False
+    status = response["status_code"]
+    return status < 500 and status not in RETRIED_4XX
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """The result lines of an output file (call after truncate_torn_tail); [] if there is none."""
     if not path.exists():
-        return set()
-    answered: set[str] = set()
+        return []
+    records: list[dict[str, Any]] = []
     with path.open("rb") as lines:
         for line_number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                custom_id = json.loads(line)["custom_id"]
+                record = json.loads(line)
+                valid = isinstance(record["custom_id"], str) and "response" in record
             except (ValueError, KeyError, TypeError):
-                custom_id = None
-            if not isinstance(custom_id, str):
+                valid = False
+            if not valid:
                 # Appending to a file that is not ours could bury someone's data in ours.
                 raise ValueError(f"{path}:{line_number}: not a batch result line; not resuming")
-            answered.add(custom_id)
-    return answered
+            records.append(record)
+    return records
+
+
+def keep_final(path: Path) -> tuple[dict[str, dict[str, Any]], int]:
+    """Drops the result lines a rerun sends again (see `is_final`), rewriting the file atomically
+    when there are any; returns the final records by custom_id and how many lines were dropped."""
+    records = read_results(path)
+    final = [record for record in records if is_final(record)]
+    dropped = len(records) - len(final)
+    if dropped:
+        scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        with scratch.open("wb") as file:
+            file.writelines(result_line(record) for record in final)
+            file.flush()
+            os.fsync(file.fileno())
+        # A crash before the rename leaves the old file whole: the next run does this again.
+        os.replace(scratch, path)
+    return {record["custom_id"]: record for record in final}, dropped
 
 
 class ResultWriter:
@@ -83,8 +123,7 @@ class ResultWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-        pending = memoryview(line.encode("utf-8"))
+        pending = memoryview(result_line(record))
         while pending:
             pending = pending[os.write(self._fd, pending) :]
         os.fsync(self._fd)

@@ -163,8 +163,8 @@ class BatchingSpec(ApiModel):
         default=None,
         ge=1,
         le=4096,
-        description="The batch lane's cap while no online request runs or waits (the brief's "
-        "big batch, long window); default: the memory cap, as many maxModelLen sequences as the "
+        description="The batch lane's cap while no online request runs or waits (a big "
+        "batch over a long window); default: the memory cap, as many maxModelLen sequences as the "
         "pod's KV cache holds. The runtime clamps it to its KV capacity.",
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,31 @@ def register(commands: Any) -> None:
     source.add_argument("--preset", help="a known architecture (see --list)")
     source.add_argument("--config", type=Path, help="an HF config.json")
     source.add_argument("--list", action="store_true", help="list the presets")
-    budget.add_argument("--gpu-memory", default="80Gi", help="memory of one GPU (e.g. 80Gi)")
-    budget.add_argument("--gpus", type=int, default=1, help="GPUs per pod")
-    budget.add_argument("--utilization", type=float, default=0.9)
-    budget.add_argument("--max-model-len", type=int, default=4096)
-    budget.add_argument("--sequence-length", type=int, help="L for B_mem (default max-model-len)")
+    budget.add_argument(
+        "--gpu-memory",
+        default="80Gi",
+        metavar="QUANTITY",
+        help="memory of one GPU, with its unit: 80Gi (GiB) or 80G (GB)",
+    )
+    budget.add_argument(
+        "--gpus", type=int, default=1, help="GPUs per pod (more than 1 is not served yet)"
+    )
+    budget.add_argument(
+        "--utilization", type=float, default=0.9, help="share of the GPU memory wok may use"
+    )
+    budget.add_argument(
+        "--max-model-len", type=int, default=4096, metavar="TOKENS", help="longest sequence"
+    )
+    budget.add_argument(
+        "--sequence-length",
+        type=int,
+        metavar="TOKENS",
+        help="L for B_mem, at most --max-model-len (default: --max-model-len)",
+    )
     budget.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32")
-    budget.add_argument("--reserve", default="512Mi")
+    budget.add_argument(
+        "--reserve", default="512Mi", metavar="QUANTITY", help="kept free (CUDA context, …)"
+    )
     budget.add_argument("--max-num-batched-tokens", type=int, default=2048)
     budget.add_argument("--json", action="store_true", help="machine-readable output")
     budget.set_defaults(func=run_budget)
@@ -138,9 +157,22 @@ def run_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def memory_bytes(flag: str, text: str) -> int:
+    """A memory size given on the command line. A bare number is refused: as a Kubernetes
+    quantity it would be bytes, and `--gpu-memory 80` surely did not mean 80 bytes."""
+    from wok_operator.api import quantity_bytes
+
+    # A number with no suffix (80, 8.5, 1e10); 80E is a unit (exabytes), 0 needs none.
+    if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text.strip()) and float(text) != 0:
+        raise ValueError(
+            f"{flag} {text} has no unit: write {text.strip()}Gi (GiB, 2^30 bytes) or "
+            f"{text.strip()}G (GB, 10^9 bytes)"
+        )
+    return quantity_bytes(text)
+
+
 def run_budget(args: argparse.Namespace) -> int:
     from wok_operator import budget
-    from wok_operator.api import quantity_bytes
 
     if args.list:
         for name, arch in budget.PRESETS.items():
@@ -151,14 +183,26 @@ def run_budget(args: argparse.Namespace) -> int:
         arch = budget.preset(args.preset)
     else:
         arch = budget.architecture_from_hf_config(args.config)
+    if args.sequence_length is not None and args.sequence_length > args.max_model_len:
+        raise ValueError(
+            f"--sequence-length {args.sequence_length} is above --max-model-len "
+            f"{args.max_model_len}: no sequence is longer than the model's context"
+        )
+    if args.gpus > 1:
+        print(
+            f"warning: --gpus {args.gpus}: tensor parallelism is not served yet (a pod serves "
+            "on one GPU and the operator refuses runtime.gpusPerPod > 1); this is the budget "
+            f"{args.gpus} GPUs would give",
+            file=sys.stderr,
+        )
     plan = budget.plan_memory(
         arch,
-        gpu_memory_bytes=quantity_bytes(args.gpu_memory),
+        gpu_memory_bytes=memory_bytes("--gpu-memory", args.gpu_memory),
         gpus=args.gpus,
         utilization=args.utilization,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
-        reserve_bytes=quantity_bytes(args.reserve),
+        reserve_bytes=memory_bytes("--reserve", args.reserve),
         max_num_batched_tokens=args.max_num_batched_tokens,
         sequence_length=args.sequence_length,
     )

@@ -1,9 +1,10 @@
 """The control law: the batch size (the fast knob) and the replica count (the slow knob).
 
 One pure function, `decide`, with no I/O: the operator, the fleet simulator (`wok simulate`) and the
-tests all call it. `decide_seed` keeps the design brief's plain sign-step for comparison.
+tests all call it. `decide_sign_step` keeps the plain clipped sign-step the law started from, for
+comparison.
 
-The batch keeps the brief's clipped sign-step, on what the batch controls:
+The batch keeps that clipped sign-step, on what the batch controls:
 
     B ← clip(B + η · sign(e), B_min, min(B_max, B_mem))
 
@@ -667,8 +668,9 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     )
 
 
-def decide_seed(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
-    """The design brief's rule as written, kept for comparison (`wok simulate --policy seed`):
+def decide_sign_step(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
+    """The plain clipped sign-step the law started from, kept for comparison (`wok simulate
+    --policy sign-step`):
     B ← clip(B + η_B·sign(Q − Q*)), down when P99 breaks the SLO; R ± 1 on the same sign once the
     batch is at its cap (down at the floor), one pod at a time, none while pods are pending."""
     p = params

@@ -12,15 +12,15 @@ import argparse
 import math
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import textwrap
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wok_sim import plan_cli
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
     from wok_sim.profile import StepProfile
@@ -29,12 +29,69 @@ if TYPE_CHECKING:
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "azure_llm_2023_code.csv"
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
+#: The default trace is run at three times its rate (overlaid copies): the headline run that
+#: docs/control-law.md and the README quote. Any other trace runs at its own rate by default.
+DEFAULT_TRACE_RATE_SCALE = 3.0
+
+#: What each policy name means; `wok simulate --help` prints it and a test keeps it in step with
+#: the registry (a name with digits stands for its family: hpa-concurrency-N).
+POLICIES: dict[str, str] = {
+    "wok": "wok's control law (wok_operator.control.decide) as the operator runs it: it moves "
+    "the batch cap and the replica count",
+    "sign-step": "the clipped sign-step rule the law started from (decide_sign_step): the batch "
+    "moves one step on the sign of the queue's error, the replicas by one pod once the batch is "
+    "at its cap; kept for comparison",
+    "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
+    "(a search over replica counts, one simulation each)",
+    "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",
+    "hpa-waiting": "the upstream HPA on vllm:num_requests_waiting, average 5 per pod, synced every "
+    "15 s",
+    "keda-waiting": "KEDA's Prometheus scaler on the fleet's summed waiting queue, threshold 5, "
+    "polled every 30 s",
+    "hpa-concurrency-N": "the HPA on each pod's running + waiting requests, target N",
+    "ceiling": "a bound, not a policy: every pod (--max-replicas) asked for at the first tick; "
+    "no autoscaler serves more within the SLOs at that pod start (its GPU-hours mean nothing)",
+}
+
+
+def help_epilog() -> str:
+    """The columns and the policies, for `wok simulate --help` (one line each)."""
+    from wok_sim.columns import COLUMNS
+
+    def entries(pairs: Sequence[tuple[str, str]]) -> list[str]:
+        width = max(len(name) for name, _ in pairs)
+        indent = " " * (width + 4)
+        return [
+            textwrap.fill(f"  {name:<{width}}  {meaning}", 100, subsequent_indent=indent)
+            for name, meaning in pairs
+        ]
+
+    return "\n".join(
+        [
+            "The default run is the documented headline run: the Azure code trace at 3x its "
+            "rate (overlay),",
+            "TTFT 2 s, TPOT 0.1 s, E2E 5 s, 90 s pod start, every policy.",
+            "",
+            "columns (attainment is a share of all requests; refused, timed-out and dropped "
+            "ones miss",
+            "every SLO):",
+            *entries(COLUMNS),
+            "",
+            "policies (--policy; fixed-batch baselines are swept over B and reported at their "
+            "best):",
+            *entries(list(POLICIES.items())),
+        ]
+    )
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "simulate",
         help="autoscaling policies on a request trace, in the fleet simulator (no cluster)",
+        description="Every autoscaling policy on the same arrivals, through the fleet "
+        "simulator,\nside by side: SLO attainment, P99s and GPU-hours.",
+        epilog=help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -48,22 +105,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an Azure CSV or Mooncake .jsonl path, poisson:RATE:SECONDS, or script[:S@R[-R2],…] "
         "(default: the Azure code trace in bench/traces)",
     )
-    parser.add_argument("--rate-scale", type=float, default=1.0, metavar="X")
-    parser.add_argument("--rate-mode", choices=("compress", "overlay"), default="overlay")
+    parser.add_argument(
+        "--rate-scale",
+        type=float,
+        metavar="X",
+        help=f"arrival rate multiplier (default: {DEFAULT_TRACE_RATE_SCALE:g} on the default "
+        "trace, 1 on any other)",
+    )
+    parser.add_argument(
+        "--rate-mode",
+        choices=("compress", "overlay"),
+        default="overlay",
+        help="scale by overlaying shifted copies of the trace, or by compressing its time",
+    )
     parser.add_argument("--duration", type=float, metavar="S", help="simulate the first S seconds")
     parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
-    parser.add_argument("--slo-ttft", type=float, default=2.0, metavar="S")
-    parser.add_argument("--slo-tpot", type=float, default=0.1, metavar="S")
-    parser.add_argument("--slo-e2e", type=float, default=None, metavar="S", help="optional")
+    parser.add_argument(
+        "--slo-ttft", type=float, default=2.0, metavar="S", help="time to first token"
+    )
+    parser.add_argument(
+        "--slo-tpot", type=float, default=0.1, metavar="S", help="mean time per output token"
+    )
+    parser.add_argument(
+        "--slo-e2e", type=float, default=5.0, metavar="S", help="end to end; 0: no E2E SLO"
+    )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="a profile path or sim:NAME")
-    parser.add_argument("--policy", default="all", help="all, or NAME[,NAME…]")
+    parser.add_argument("--policy", default="all", help="all, or NAME[,NAME…] (below)")
     parser.add_argument("--routing", choices=("random", "least-loaded"), default="random")
     parser.add_argument("--scrape-interval", type=float, default=5.0, metavar="S")
     parser.add_argument(
         "--scrape-failure", type=float, default=0.0, metavar="P", help="per-scrape probability"
     )
     parser.add_argument("--max-replicas", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random draws: overlay copies, routing, scrapes"
+    )
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write plots here")
     parser.add_argument("--json", action="store_true", help="machine-readable results")
     parser.add_argument(
@@ -99,10 +175,11 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
     profile = load_profile(args.profile)
-    slos = Slos(args.slo_ttft, args.slo_tpot, args.slo_e2e)
+    slos = Slos(args.slo_ttft, args.slo_tpot, args.slo_e2e if args.slo_e2e != 0 else None)
     requests = load_trace(args.trace, seed=args.seed)
-    if args.rate_scale != 1.0:
-        requests = scale_rate(requests, args.rate_scale, mode=args.rate_mode, seed=args.seed)
+    rate_scale = rate_scale_of(args.trace, args.rate_scale)
+    if rate_scale != 1.0:
+        requests = scale_rate(requests, rate_scale, mode=args.rate_mode, seed=args.seed)
     if not 0.0 <= args.scrape_failure < 1.0:
         raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
     config = FleetConfig(
@@ -134,14 +211,12 @@ def run(args: argparse.Namespace) -> int:
         variants = [results[(n, i)] for n, i in jobs if n == name]
         chosen.append(variants[registry[name].pick(variants)])
     first = chosen[0]
+    slowest = max(results.values(), key=lambda r: r.wall_seconds)
     print(
         f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
-        f"{profile.max_model_len}), profile {profile.name}, {len(jobs)} simulation(s); "
-        "per simulation: "
-        + ", ".join(
-            f"{n}#{i} {results[(n, i)].wall_seconds:.1f} s ({results[(n, i)].steps:,} steps)"
-            for n, i in jobs
-        ),
+        f"{profile.max_model_len}), profile {profile.name}, "
+        f"{len(jobs)} simulation{'s' * (len(jobs) != 1)}; the slowest "
+        f"{slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
         file=sys.stderr,
     )
     if args.json:
@@ -149,9 +224,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table(chosen))
     if args.plot:
-        for path in write_plots(chosen, slos, args.plot):
+        arrivals = [r.arrival_s for r in requests]
+        for path in write_plots(chosen, slos, args.plot, arrivals_s=arrivals):
             print(f"plot: {path}", file=sys.stderr)
     return 0
+
+
+def rate_scale_of(trace: str, asked: float | None) -> float:
+    """--rate-scale as given, else the headline run's scale on the default trace and 1 on any
+    other (a trace of your own runs at its own rate)."""
+    if asked is not None:
+        return asked
+    return DEFAULT_TRACE_RATE_SCALE if Path(trace) == DEFAULT_TRACE else 1.0
 
 
 def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
@@ -202,9 +286,9 @@ def _run_all(
             initializer=_init_worker,
             initargs=(ctx, config, slos),
         ) as pool:
-            futures = {job: pool.submit(_simulate, *job) for job in jobs}
-            for job, future in futures.items():
-                results[job] = future.result()
+            futures = {pool.submit(_simulate, *job): job for job in jobs}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
                 progress.update()
     progress.close()
     return results

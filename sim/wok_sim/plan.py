@@ -1,6 +1,6 @@
 """Capacity planning from a step-time profile and the SLOs (`wok plan`): what one replica sustains.
 
-The design brief asks for `B_opt`, the batch at the throughput knee that the SLO allows,
+It gives `B_opt`, the batch at the throughput knee that the SLO allows,
 `QPS_max = B_opt / t_batch`, the replicas a target rate needs and the cost per token. All follow
 from the profile's step time `a + b·decodes + c·prefill + d·context` in steady state, with the
 runtime's semantics (the simulator's, `replica.py`):

@@ -1,6 +1,6 @@
 """What an autoscaling policy sees and does in the fleet simulator.
 
-Every policy (wok's law, the brief's seed law, HPA, KEDA, static fleets) is driven the same way:
+Every policy (wok's law, the plain sign-step, HPA, KEDA, static fleets) is driven the same way:
 every `interval_s` the simulator hands it a `FleetView` built from the emulated Prometheus (so it
 sees what the real one would: scraped gauges, `rate()` windows, `histogram_quantile` over the
 runtime's buckets) and applies the `Action` it returns: the batch cap is pushed to every pod at once

@@ -15,8 +15,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from wok_sim.columns import COLUMNS
 from wok_sim.fleet import FleetRun, Tick
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -144,22 +149,38 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _cells(r: PolicyResult) -> list[str]:
+    per_1k = "-" if r.gpu_hours_per_1k_tokens is None else f"{r.gpu_hours_per_1k_tokens:.5f}"
+    return [
+        r.name,
+        "-" if r.batch_size is None else str(r.batch_size),
+        f"{r.slo_attainment:.1%}",
+        f"{r.ttft_attainment:.1%}",
+        f"{r.tpot_attainment:.1%}",
+        f"{r.e2e_attainment:.1%}",
+        _seconds(r.p99_ttft_s),
+        _seconds(r.p99_tpot_s),
+        _seconds(r.p99_e2e_s),
+        f"{r.gpu_hours:.2f}",
+        per_1k,
+        *(str(n) for n in (r.scale_events, r.flips, r.max_queue, r.rejected, r.timeouts)),
+        str(r.dropped),
+    ]
+
+
 def table(results: Sequence[PolicyResult]) -> str:
-    header = (
-        f"{'policy':<22} {'B':>4} {'all':>6} {'TTFT':>6} {'TPOT':>6} {'E2E':>6} "
-        f"{'p99TTFT':>8} {'p99TPOT':>8} {'p99E2E':>8} {'GPU-h':>7} {'GPUh/1k':>8} "
-        f"{'scale':>5} {'flips':>5} {'maxQ':>5} {'rej':>5} {'tmo':>5} {'drop':>5}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in results:
-        per_1k = "-" if r.gpu_hours_per_1k_tokens is None else f"{r.gpu_hours_per_1k_tokens:.5f}"
-        lines.append(
-            f"{r.name:<22} {r.batch_size if r.batch_size is not None else '-':>4} "
-            f"{r.slo_attainment:6.1%} {r.ttft_attainment:6.1%} {r.tpot_attainment:6.1%} "
-            f"{r.e2e_attainment:6.1%} {_seconds(r.p99_ttft_s):>8} {_seconds(r.p99_tpot_s):>8} "
-            f"{_seconds(r.p99_e2e_s):>8} {r.gpu_hours:7.2f} {per_1k:>8} {r.scale_events:5d} "
-            f"{r.flips:5d} {r.max_queue:5d} {r.rejected:5d} {r.timeouts:5d} {r.dropped:5d}"
+    """One row a policy, each column as wide as its widest cell: names left, figures right."""
+    rows = [[header for header, _ in COLUMNS], *(_cells(r) for r in results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+
+    def line(row: list[str]) -> str:
+        first = row[0].ljust(widths[0])
+        return "  ".join(
+            [first, *(cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True))]
         )
+
+    lines = [line(row) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
 
@@ -167,24 +188,57 @@ def _nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def plot_policy(result: PolicyResult, slos: Slos, path: Path) -> None:
-    """One policy over time: load, replicas, batch, and the P99s it saw against the SLOs."""
+#: Arrivals are counted in bins of this width for every plot of a run, so that the same trace
+#: draws the same curve under every policy (per control tick, each policy's own interval set the
+#: bins and the peaks differed).
+ARRIVAL_BIN_S = 10.0
+
+
+def arrival_rates(
+    arrivals_s: Sequence[float], bin_s: float = ARRIVAL_BIN_S
+) -> tuple[list[float], list[float]]:
+    """Arrivals as requests/s per fixed bin: each bin's start (s) and its rate."""
+    if not arrivals_s:
+        return [], []
+    counts = [0] * (int(max(arrivals_s) // bin_s) + 1)
+    for t in arrivals_s:
+        counts[int(t // bin_s)] += 1
+    return [i * bin_s for i in range(len(counts))], [n / bin_s for n in counts]
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _integer_ticks(axis: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def policy_figure(result: PolicyResult, slos: Slos, arrivals_s: Sequence[float]) -> Figure:
+    """One policy over time: the trace's arrivals, replicas, batch, and the P99s it saw against
+    the SLOs (dotted, in the legend)."""
     ticks = result.timeline
     t = [tick.time_s / 60.0 for tick in ticks]
-    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
-    axes[0].plot(t, [tick.arrival_rate for tick in ticks], color="tab:gray", linewidth=0.8)
-    axes[0].set_ylabel("arrivals (req/s)")
+    fig, axes = _pyplot().subplots(4, 1, figsize=(11, 10), sharex=True)
+    starts, rates = arrival_rates(arrivals_s)
+    axes[0].step([s / 60.0 for s in starts], rates, where="post", color="tab:gray", linewidth=0.8)
+    axes[0].set_ylabel(f"arrivals (req/s, {ARRIVAL_BIN_S:g} s bins)")
     axes[1].step(t, [tick.desired for tick in ticks], where="post", label="desired")
     axes[1].step(t, [tick.ready for tick in ticks], where="post", label="ready")
     axes[1].set_ylabel("replicas")
+    axes[1].set_ylim(bottom=0)
+    _integer_ticks(axes[1].yaxis)
     axes[1].legend(loc="upper left")
     axes[2].step(t, [tick.batch for tick in ticks], where="post", color="tab:purple")
     axes[2].set_ylabel("batch cap")
+    _integer_ticks(axes[2].yaxis)
     for label, values, slo, color in (
         ("TTFT", [tick.p99_ttft_s for tick in ticks], slos.ttft_s, "tab:blue"),
         ("TPOT", [tick.p99_tpot_s for tick in ticks], slos.tpot_s, "tab:orange"),
@@ -192,29 +246,29 @@ def plot_policy(result: PolicyResult, slos: Slos, path: Path) -> None:
     ):
         axes[3].plot(t, [_nan(v) for v in values], color=color, label=f"P99 {label}")
         if slo is not None:
-            axes[3].axhline(slo, color=color, linestyle=":", linewidth=1)
+            axes[3].axhline(
+                slo, color=color, linestyle=":", linewidth=1, label=f"{label} SLO ({slo:g} s)"
+            )
     axes[3].set_yscale("log")
     axes[3].set_ylabel("P99 seen (s)")
     axes[3].set_xlabel("time (min)")
-    axes[3].legend(loc="upper left")
+    axes[3].legend(loc="upper left", ncol=2, fontsize="small")
     fig.suptitle(
         f"{result.name}: {result.slo_attainment:.1%} of requests within every SLO, "
         f"{result.gpu_hours:.2f} GPU-hours"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def plot_comparison(results: Sequence[PolicyResult], path: Path) -> None:
-    """Every policy side by side: attainment, GPU-hours, and replicas over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def comparison_figure(results: Sequence[PolicyResult]) -> Figure:
+    """Every policy side by side: attainment, GPU-hours, and replicas over time. The replica
+    axis is logarithmic (base 2, integer ticks), so that `ceiling` at 32 pods leaves the others'
+    few pods readable."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     names = [r.name for r in results]
-    fig = plt.figure(figsize=(12, 9))
+    fig = _pyplot().figure(figsize=(12, 9))
     grid = fig.add_gridspec(2, 2)
     ax = fig.add_subplot(grid[0, 0])
     ax.barh(names, [100 * r.slo_attainment for r in results], color="tab:blue")
@@ -226,24 +280,38 @@ def plot_comparison(results: Sequence[PolicyResult], path: Path) -> None:
     ax.invert_yaxis()
     ax = fig.add_subplot(grid[1, :])
     for r in results:
-        ax.step([k.time_s / 60.0 for k in r.timeline], [k.desired for k in r.timeline],
+        ax.step([k.time_s / 60.0 for k in r.timeline], [max(k.desired, 1) for k in r.timeline],
                 where="post", label=r.name, linewidth=1)  # fmt: skip
+    top = max((k.desired for r in results for k in r.timeline), default=1)
+    ax.set_yscale("log", base=2)
+    powers = range(math.ceil(math.log2(max(top, 1))) + 1)
+    ax.yaxis.set_major_locator(FixedLocator([2**i for i in powers]))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("time (min)")
-    ax.set_ylabel("replicas (desired)")
-    ax.legend(loc="upper left", fontsize="small", ncol=3)
+    ax.set_ylabel("replicas (desired, log scale)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    fig.suptitle(f"{len(results)} policies on the same arrivals")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def write_plots(results: Sequence[PolicyResult], slos: Slos, folder: Path) -> list[Path]:
+def write_plots(
+    results: Sequence[PolicyResult], slos: Slos, folder: Path, *, arrivals_s: Sequence[float]
+) -> list[Path]:
+    """One plot a policy, and a comparison when there is more than one policy to compare."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for result in results:
-        path = folder / f"simulate-{result.name}.png"
-        plot_policy(result, slos, path)
-        paths.append(path)
-    path = folder / "simulate-comparison.png"
-    plot_comparison(results, path)
-    paths.append(path)
+        paths.append(
+            save(policy_figure(result, slos, arrivals_s), folder / f"simulate-{result.name}.png")
+        )
+    if len(results) > 1:
+        paths.append(save(comparison_figure(results), folder / "simulate-comparison.png"))
     return paths
+
+
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path

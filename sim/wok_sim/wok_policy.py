@@ -1,10 +1,10 @@
-"""The `wok` and `seed` policies: the operator's own control law, driven by the simulator.
+"""The `wok` and `sign-step` policies: the operator's own control law, driven by the simulator.
 
 No copy of the law: the spec is an `InferenceServiceSpec` (defaults, plus the SLOs and replica
 limits of the run), the parameters come from `LawParams.from_spec`, each tick goes through the
-operator's `observe` (signals and pods → Observation) and `decide` (or `decide_seed`, the design
-brief's plain sign-step, kept for comparison), and the law's memory is carried from tick to tick
-as the operator carries it in status.
+operator's `observe` (signals and pods → Observation) and `decide` (or `decide_sign_step`, the
+plain clipped sign-step the law started from, kept for comparison), and the law's memory is
+carried from tick to tick as the operator carries it in status.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
-from wok_operator.control import LawParams, decide, decide_seed
+from wok_operator.control import LawParams, decide, decide_sign_step
 from wok_operator.loop import Law, control_tick, initial_state
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
@@ -86,8 +86,8 @@ def _wok(ctx: PolicyContext) -> list[Policy]:
 register("wok", PolicyEntry(variants=_wok))
 
 
-def _seed(ctx: PolicyContext) -> list[Policy]:
-    return [LawPolicy("seed", decide_seed, ctx)]
+def _sign_step(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("sign-step", decide_sign_step, ctx)]
 
 
-register("seed", PolicyEntry(variants=_seed))
+register("sign-step", PolicyEntry(variants=_sign_step))

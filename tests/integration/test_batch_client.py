@@ -90,7 +90,8 @@ def test_a_40_line_file_completes_each_id_once_with_200(server: RuntimeServer, t
         assert record["response"]["request_id"] == record["response"]["body"]["id"]
         assert record["response"]["body"]["usage"]["completion_tokens"] == 16
     assert summary is not None
-    assert (summary["done"], summary["failed"], summary["skipped"]) == (40, 0, 0)
+    assert (summary["done"], summary["rejected"], summary["failed"]) == (40, 0, 0)
+    assert summary["skipped"] == 0
     assert summary["completion_tokens"] == 40 * 16
     # A rerun finds everything answered and sends nothing.
     before = successes(server)
@@ -151,7 +152,7 @@ def test_a_4xx_is_recorded_with_its_status_and_not_retried(server: RuntimeServer
     ]
     write_input(tmp_path / "in.jsonl", records)
     code, summary, stderr = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", server.url)
-    assert code == 0, stderr
+    assert code == 1, stderr
     answered = results(tmp_path / "out.jsonl")
     assert answered["e-1"]["response"]["status_code"] == 200
     for custom_id, param in (("e-2", "max_tokens"), ("e-3", "priority")):
@@ -160,7 +161,35 @@ def test_a_4xx_is_recorded_with_its_status_and_not_retried(server: RuntimeServer
         assert response["body"]["error"]["param"] == param
     assert answered["e-2"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
     assert summary is not None
-    assert (summary["done"], summary["failed"], summary["retried"]) == (1, 2, 0)
+    assert (summary["done"], summary["rejected"], summary["failed"]) == (1, 2, 0)
+    assert summary["retried"] == 0
+    # A 400 for the line's own body is final: a rerun sends nothing, counts it, and exits 1.
+    before = successes(server)
+    code, summary, stderr = run_batch(tmp_path / "in.jsonl", tmp_path / "out.jsonl", server.url)
+    assert code == 1, stderr
+    assert summary is not None
+    assert (summary["skipped"], summary["done"], summary["rejected"]) == (3, 0, 2)
+    assert successes(server) == before and len(results(tmp_path / "out.jsonl")) == 3
+
+
+def test_a_rerun_retries_lines_a_wrong_url_failed_and_v1_in_the_url_is_accepted(
+    server: RuntimeServer, tmp_path: Path
+):
+    ids = write_input(tmp_path / "in.jsonl", [request_line(f"u-{i}") for i in range(4)])
+    output = tmp_path / "out.jsonl"
+    # A URL that points past the service: every line is answered 404, which says nothing of
+    # the lines themselves.
+    code, summary, stderr = run_batch(tmp_path / "in.jsonl", output, f"{server.url}/nowhere")
+    assert code == 1, stderr
+    assert summary is not None and (summary["failed"], summary["rejected"]) == (4, 0)
+    assert {r["response"]["status_code"] for r in results(output).values()} == {404}
+    # The rerun, with the URL as an OpenAI client library spells it, answers each line once.
+    code, summary, stderr = run_batch(tmp_path / "in.jsonl", output, f"{server.url}/v1/")
+    assert code == 0, stderr
+    assert summary is not None and (summary["done"], summary["skipped"]) == (4, 0)
+    answered = results(output)
+    assert set(answered) == set(ids)
+    assert all(r["response"]["status_code"] == 200 for r in answered.values())
 
 
 def test_priority_batch_is_sent_and_accepted(server: RuntimeServer, tmp_path: Path):

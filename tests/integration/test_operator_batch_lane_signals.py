@@ -1,4 +1,4 @@
-"""What the operator reads while a real runtime drains an offline backlog (issue 13 §2): a real
+"""What the operator reads while a real runtime drains an offline backlog: a real
 `wok runtime serve` (builtin:tiny on the CPU) scraped by a real Prometheus, queried with the
 operator's own round of PromQL. The online series the law scales on stay at zero while the batch
 lane's show the backlog and its drain rate; the tick then adds no replica without the deadline

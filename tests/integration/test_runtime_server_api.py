@@ -86,7 +86,7 @@ def test_chat(client: openai.OpenAI):
 
 
 def test_chat_stream(client: openai.OpenAI):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    messages = [{"role": "system", "content": "be concise"}, {"role": "user", "content": "hi"}]
     whole = client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=10, temperature=0, seed=1
     )

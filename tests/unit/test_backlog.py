@@ -1,4 +1,4 @@
-"""The batch lane's backlog in the control loop (issue 13 §2): Little's-law estimate, composed
+"""The batch lane's backlog in the control loop: Little's-law estimate, composed
 with the law only on the deadline opt-in, and shown in status."""
 
 from __future__ import annotations

@@ -9,7 +9,14 @@ import pytest
 
 from wok.cli import main
 from wok_batch.batch_file import BatchFileError, parse_batch_lines, read_batch_file
-from wok_batch.results import ResultWriter, answered_ids, result_record, truncate_torn_tail
+from wok_batch.client import service_root
+from wok_batch.results import (
+    ResultWriter,
+    keep_final,
+    read_results,
+    result_record,
+    truncate_torn_tail,
+)
 from wok_batch.summary import Summary
 
 
@@ -108,6 +115,10 @@ def write_results(path: Path, *custom_ids: str) -> None:
             writer.append(result_record(custom_id, error={"code": "x", "message": "y"}))
 
 
+def ids_in(path: Path) -> set[str]:
+    return {record["custom_id"] for record in read_results(path)}
+
+
 def test_results_are_appended_as_whole_lines_across_runs(tmp_path: Path):
     path = tmp_path / "out.jsonl"
     write_results(path, "a", "b")
@@ -116,7 +127,7 @@ def test_results_are_appended_as_whole_lines_across_runs(tmp_path: Path):
     assert [r["custom_id"] for r in records] == ["a", "b", "c"]
     assert set(records[0]) == {"id", "custom_id", "response", "error"}
     assert records[0]["id"].startswith("batch_req_") and records[0]["id"] != records[1]["id"]
-    assert answered_ids(path) == {"a", "b", "c"}
+    assert ids_in(path) == {"a", "b", "c"}
 
 
 def test_a_torn_tail_is_cut_back_to_the_last_whole_line(tmp_path: Path):
@@ -127,7 +138,7 @@ def test_a_torn_tail_is_cut_back_to_the_last_whole_line(tmp_path: Path):
     path.write_bytes(whole + torn)
     assert truncate_torn_tail(path) == len(torn)
     assert path.read_bytes() == whole
-    assert answered_ids(path) == {"a", "b"}
+    assert ids_in(path) == {"a", "b"}
     assert truncate_torn_tail(path) == 0
 
 
@@ -141,13 +152,13 @@ def test_a_torn_tail_longer_than_one_read_and_a_file_of_only_a_torn_line(tmp_pat
     path.write_bytes(b'{"custom_id": "a"')
     assert truncate_torn_tail(path) == 17
     assert path.read_bytes() == b""
-    assert answered_ids(path) == set()
+    assert ids_in(path) == set()
 
 
 def test_a_missing_output_file_means_nothing_answered(tmp_path: Path):
     path = tmp_path / "absent.jsonl"
     assert truncate_torn_tail(path) == 0
-    assert answered_ids(path) == set()
+    assert ids_in(path) == set()
     assert not path.exists()
 
 
@@ -157,18 +168,70 @@ def test_an_output_file_that_is_not_ours_is_refused(tmp_path: Path):
     with path.open("a") as file:
         file.write("some notes\n")
     with pytest.raises(ValueError, match=r"out.jsonl:2: not a batch result line"):
-        answered_ids(path)
+        keep_final(path)
 
 
-def test_the_summary_counts_2xx_as_done_and_their_tokens():
-    summary = Summary(total=4, skipped=1)
+def answer(status: int, **body: object) -> dict[str, object]:
+    return {"status_code": status, "request_id": "r", "body": body}
+
+
+def test_a_rerun_drops_lines_that_failed_outside_the_line_and_keeps_the_rest(tmp_path: Path):
+    path = tmp_path / "out.jsonl"
+    kept = {
+        "ok": result_record("ok", response=answer(200)),
+        "bad-body": result_record("bad-body", response=answer(400, error={})),
+        "too-big": result_record("too-big", response=answer(413)),
+    }
+    dropped = [
+        result_record("refused", error={"code": "connection_error", "message": "m"}),
+        result_record("down", response=answer(503)),
+        result_record("busy", response=answer(429)),
+        result_record("wrong-url", response=answer(404)),
+        result_record("wrong-method", response=answer(405)),
+    ]
+    with ResultWriter(path) as writer:
+        for record in [*kept.values(), *dropped]:
+            writer.append(record)
+    answered, count = keep_final(path)
+    assert (answered, count) == (kept, len(dropped))
+    assert read_results(path) == list(kept.values())
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+    # Nothing left to drop: the file is not rewritten.
+    before = path.stat().st_mtime_ns
+    assert keep_final(path) == (kept, 0)
+    assert path.stat().st_mtime_ns == before
+
+
+def test_the_summary_counts_done_rejected_failed_and_the_exit_code():
+    summary = Summary(total=5)
     usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
-    ok = {"status_code": 200, "request_id": "r", "body": {"usage": usage}}
-    summary.add(result_record("a", response=ok))
-    summary.add(result_record("b", response={**ok, "status_code": 400, "body": {"error": {}}}))
+    summary.add(result_record("a", response=answer(200, usage=usage)))
+    summary.add(result_record("b", response=answer(400, error={})))
     summary.add(result_record("c", error={"code": "timeout", "message": "m"}))
+    summary.add(result_record("d", response=answer(404)))
+    summary.add_earlier(result_record("e", response=answer(400, error={})))
     summary.elapsed_s = 2.0
-    assert (summary.done, summary.failed) == (1, 2)
+    assert (summary.done, summary.rejected, summary.failed, summary.skipped) == (1, 2, 2, 1)
     assert (summary.prompt_tokens, summary.completion_tokens) == (5, 7)
     assert summary.as_dict()["completion_tokens_per_s"] == 3.5
-    assert summary.text().startswith("4 requests: 1 done, 2 failed, 1 skipped")
+    assert summary.text().startswith("5 requests: 1 done, 1 skipped (answered by an earlier run)")
+    assert summary.exit_code == 1
+
+
+def test_only_2xx_lines_exit_0():
+    summary = Summary(total=2)
+    summary.add(result_record("a", response=answer(200)))
+    summary.add_earlier(result_record("b", response=answer(201)))
+    assert (summary.done, summary.skipped, summary.exit_code) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://svc", "http://svc/", "http://svc/v1", "http://svc/v1/"],
+)
+def test_the_url_is_the_same_with_or_without_v1(url: str):
+    assert service_root(url) == "http://svc"
+
+
+def test_a_path_prefix_before_v1_is_kept():
+    assert service_root("https://gw.example/llm/v1") == "https://gw.example/llm"

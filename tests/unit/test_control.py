@@ -1,4 +1,5 @@
-"""The control law, by its properties (hypothesis) and by the failure modes issue 10 diagnosed."""
+"""The control law, by its properties (hypothesis) and by the failure modes the fleet simulator
+showed (docs/control-law.md)."""
 
 import math
 from dataclasses import replace
@@ -13,7 +14,7 @@ from wok_operator.control import (
     LoopState,
     Observation,
     decide,
-    decide_seed,
+    decide_sign_step,
     pooled_replicas,
 )
 
@@ -337,9 +338,9 @@ def test_an_unattainable_tpot_is_reported_not_chased_below_the_floor():
     assert d.unattainable and "no batch size" in d.unattainable
 
 
-def test_the_seed_law_is_the_briefs_sign_step():
+def test_the_sign_step_law_is_the_plain_clipped_sign_step():
     params = default_params(batch_step=4)
-    up = decide_seed(LoopState(batch=8, replicas=1), obs(30), params, now=0)
+    up = decide_sign_step(LoopState(batch=8, replicas=1), obs(30), params, now=0)
     assert (up.batch, up.replicas) == (12, 1)
     breach = Observation(
         queue_per_replica=30,
@@ -348,7 +349,7 @@ def test_the_seed_law_is_the_briefs_sign_step():
         pending_replicas=0,
         p99_ttft_seconds=10,
     )
-    assert decide_seed(LoopState(batch=8, replicas=1), breach, params, now=0).batch == 4
+    assert decide_sign_step(LoopState(batch=8, replicas=1), breach, params, now=0).batch == 4
 
 
 @settings(max_examples=150, deadline=None)
@@ -604,7 +605,7 @@ def test_a_pod_saturated_at_its_final_cap_is_sized_as_many_servers_one_with_free
 
 def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
     """The slots alone say a pod holds its whole batch cap; a compute-bound pod never gets there
-    (issue 10's held-out conversation trace: slots took 3 pods to 2 before any pod had saturated,
+    (the held-out conversation trace: slots took 3 pods to 2 before any pod had saturated,
     and the two missed TTFT for two minutes). The most a pod has served with TTFT and TPOT met
     is the floor: fewer pods would each serve more than any has been seen to serve well."""
     params = default_params(scale_down_window_s=300)

@@ -1,4 +1,4 @@
-"""The KV budget against the room a GPU pod measured (issue 12 §2): the round's queries, the worst
+"""The KV budget against the room a GPU pod measured: the round's queries, the worst
 pod's ratio in ServiceSignals, and the KVBudgetMatched condition of the record step."""
 
 from wok_operator import conditions as cond

@@ -493,14 +493,14 @@ def test_chat_prompt_uses_the_template_or_the_documented_fallback():
     from wok_runtime.server import APIError, _format_chat_prompt
 
     messages = [
-        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="system", content="be concise"),
         ChatMessage(role="user", content="hi"),
     ]
     assert _format_chat_prompt(_tokenizer(None), messages, True) == (
-        "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+        "<|system|>\nbe concise\n<|user|>\nhi\n<|assistant|>\n"
     )
     own = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
-    assert _format_chat_prompt(_tokenizer(own), messages, True) == "[system]be brief[user]hi"
+    assert _format_chat_prompt(_tokenizer(own), messages, True) == "[system]be concise[user]hi"
     broken = "{{ raise_exception('no system role') }}"
     with pytest.raises(APIError) as caught:
         _format_chat_prompt(_tokenizer(broken), messages, True)

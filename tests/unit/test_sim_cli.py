@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import sys
 
 import pytest
 
-from wok.cli import main
+from wok.cli import build_parser, main
+from wok_sim.cli import POLICIES, rate_scale_of
+from wok_sim.columns import COLUMNS
+from wok_sim.policies import load_registry
 
 JSON_KEYS = {
     "slo_attainment",
@@ -39,7 +45,8 @@ def test_table_and_plots(capsys, tmp_path):
     assert main([*SHORT, "--plot", str(tmp_path)]) == 0
     assert "wok" in capsys.readouterr().out
     assert (tmp_path / "simulate-wok.png").stat().st_size > 0
-    assert (tmp_path / "simulate-comparison.png").stat().st_size > 0
+    # One policy compares with nothing: no comparison chart.
+    assert not (tmp_path / "simulate-comparison.png").exists()
 
 
 @pytest.mark.parametrize(
@@ -64,3 +71,62 @@ def test_a_bad_choice_is_an_argparse_error():
     with pytest.raises(SystemExit) as exit_info:
         main([*SHORT, "--routing", "round-robin"])
     assert exit_info.value.code == 2
+
+
+def test_the_default_run_is_the_documented_headline_run():
+    args = build_parser().parse_args(["simulate"])
+    assert (args.rate_mode, args.cold_start, args.policy) == ("overlay", 90.0, "all")
+    assert (args.slo_ttft, args.slo_tpot, args.slo_e2e) == (2.0, 0.1, 5.0)
+    assert rate_scale_of(args.trace, args.rate_scale) == 3.0
+    # A trace of one's own runs at its own rate unless asked.
+    assert rate_scale_of("poisson:4:90", None) == 1.0
+    assert rate_scale_of(args.trace, 2.0) == 2.0
+
+
+def test_the_table_is_aligned_and_stderr_has_no_long_line(capsys):
+    assert main([*SHORT[:-4], "--policy", "wok,sign-step", "--jobs", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert lines[0].split() == [header for header, _ in COLUMNS]
+    assert set(lines[1]) == {"-"}
+    assert [line.split()[0] for line in lines[2:]] == ["wok", "sign-step"]
+    # Every column ends where its header ends.
+    ends = [m.end() for m in re.finditer(r"\S+", lines[0])]
+    for line in lines[2:]:
+        assert [m.end() for m in re.finditer(r"\S+", line)][1:] == ends[1:]
+    assert max(len(line) for line in captured.err.splitlines()) < 200
+
+
+def test_help_explains_every_column_and_every_policy(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = capsys.readouterr().out
+    epilog = text[text.index("columns (") :]
+    for header, meaning in COLUMNS:
+        assert re.search(rf"^  {re.escape(header)} +{re.escape(meaning[:30])}", epilog, re.M)
+    for name in load_registry():
+        family = re.sub(r"\d+$", "N", name)
+        assert family in POLICIES, f"policy {name} is not explained in POLICIES"
+        assert re.search(rf"^  {re.escape(family)} ", epilog, re.M)
+    assert not [line for line in text.splitlines() if len(line) > 100]
+
+
+def test_the_sign_step_policy_no_longer_shares_a_word_with_seed():
+    registry = load_registry()
+    assert "sign-step" in registry and "seed" not in registry
+    assert main([*SHORT[:-4], "--policy", "seed", "--jobs", "1"]) == 2
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: tqdm draws its bar only there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_counts_the_simulations_on_stderr(monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*SHORT[:-4], "--policy", "wok,sign-step", "--jobs", "1"]) == 0
+    assert "simulations: 100%" in terminal.getvalue() and "2/2" in terminal.getvalue()
+    assert "simulations" not in capsys.readouterr().out

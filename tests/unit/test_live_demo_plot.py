@@ -1,0 +1,30 @@
+"""demo-live.png, read from its matplotlib figure: a y label, and the batch ceiling that explains
+a queue above its target while the running set is at the cap."""
+
+from __future__ import annotations
+
+from wok.live_demo import PARAMS, Tick, live_figure
+
+
+def test_the_live_plot_has_a_y_label_and_shows_the_batch_ceiling():
+    # A burst: the batch climbs to the ceiling and the queue stays above target there.
+    ticks = [
+        Tick(
+            t=float(i),
+            waiting=max(0.0, 30.0 - i),
+            running=min(24.0, 2.0 * i),
+            batch=min(24, 2 + 2 * i),
+            reason="",
+        )
+        for i in range(30)
+    ]
+    fig = live_figure(ticks)
+    [ax] = fig.axes
+    assert ax.get_ylabel() == "requests (one pod)"
+    ceiling = min(PARAMS.batch_max, PARAMS.batch_mem)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    [label] = [name for name in lines if name.startswith("batch ceiling")]
+    assert f"ceiling {ceiling} " in label
+    assert set(lines[label].get_ydata()) == {ceiling}
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert label in legend and "queue target ± deadband" in legend
