@@ -177,7 +177,7 @@ def run_budget(args: argparse.Namespace) -> int:
     if args.list:
         for name, arch in budget.PRESETS.items():
             params = budget.parameter_count(arch) / 1e9
-            print(f"{name:14} {params:7.2f}B params  {arch.num_hidden_layers} layers")
+            print(f"{name:16} {params:7.2f}B params  {arch.num_hidden_layers} layers")
         return 0
     if args.preset:
         arch = budget.preset(args.preset)
@@ -187,13 +187,6 @@ def run_budget(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--sequence-length {args.sequence_length} is above --max-model-len "
             f"{args.max_model_len}: no sequence is longer than the model's context"
-        )
-    if args.gpus > 1:
-        print(
-            f"warning: --gpus {args.gpus}: tensor parallelism is not served yet (a pod serves "
-            "on one GPU and the operator refuses runtime.gpusPerPod > 1); this is the budget "
-            f"{args.gpus} GPUs would give",
-            file=sys.stderr,
         )
     plan = budget.plan_memory(
         arch,

@@ -88,10 +88,13 @@ def test_a_sequence_longer_than_the_context_is_refused(capsys):
     assert main([*argv, "--sequence-length", "8192"]) == 0
 
 
-def test_more_than_one_gpu_warns_that_tensor_parallelism_is_not_served(capsys):
-    assert main(["budget", "--preset", "llama-3-8b", "--gpus", "4"]) == 0
-    captured = capsys.readouterr()
-    assert captured.err.startswith("warning: --gpus 4: tensor parallelism is not served yet")
-    assert "max batch by memory" in captured.out
-    assert main(["budget", "--preset", "llama-3-8b"]) == 0
-    assert capsys.readouterr().err == ""
+def test_more_gpus_split_the_weights_and_leave_more_kv_cache(capsys):
+    def kv_cache_gib(gpus: int) -> float:
+        assert main(["budget", "--preset", "llama-3-8b", "--gpus", str(gpus)]) == 0
+        captured = capsys.readouterr()
+        assert captured.err == ""
+        line = next(ln for ln in captured.out.splitlines() if "KV cache" in ln)
+        return float(line.split()[2])
+
+    one, four = kv_cache_gib(1), kv_cache_gib(4)
+    assert four > 4 * one
