@@ -115,6 +115,13 @@ def _register_serve(runtime: Any) -> None:
         default=1,
         help="tokens per streamed chunk after the first (fewer chunks, less host CPU)",
     )
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt in full (by default a request reuses the KV blocks of the "
+        "longest prompt prefix that an earlier one computed)",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
 

@@ -118,6 +118,8 @@ class EngineStats:
     batch_kv_blocks: int = 0
     batch_preemptions_total: int = 0
     batch_pending_tokens: int = 0  # output tokens the batch lane still owes, at most
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found there (their prefill skipped)
 
 
 OutputCallback = Callable[[RequestOutput], None]
@@ -155,7 +157,10 @@ class LLMEngine:
         )
         self.vocab_size: int = runner.config.vocab_size
         self.block_manager = BlockManager(
-            runner.num_blocks, runner.block_size, tenant_kv_share=config.tenant_kv_share
+            runner.num_blocks,
+            runner.block_size,
+            tenant_kv_share=config.tenant_kv_share,
+            prefix_caching=config.enable_prefix_caching,
         )
         self.scheduler = Scheduler(
             mode=config.mode,
@@ -288,7 +293,10 @@ class LLMEngine:
             sched = self.scheduler
             queue = sched.queue
             batch_running = [s for s in sched.running if s.is_batch]
-            batch_blocks = sum(len(s.block_table) for s in batch_running)
+            # Distinct blocks: the prefix cache shares one block among sequences, and one
+            # that both lanes hold counts as online (the batch lane cannot give it back).
+            online_blocks = {b for s in sched.running if not s.is_batch for b in s.block_table}
+            batch_blocks = len({b for s in batch_running for b in s.block_table} - online_blocks)
             pending = [*batch_running, *sched.batch_queue.in_order(0.0)]
             return EngineStats(
                 num_waiting=len(queue),
@@ -297,7 +305,7 @@ class LLMEngine:
                 kv_blocks_total=bm.num_blocks,
                 kv_blocks_used=bm.num_used_blocks,
                 kv_blocks_free=bm.num_free_blocks,
-                kv_usage=(bm.num_used_blocks - batch_blocks) / bm.num_blocks,
+                kv_usage=len(online_blocks) / bm.num_blocks,
                 max_batch_size=sched.max_batch_size,
                 num_preemptions_total=sched.preemptions["online"],
                 completed_total=self._completed_total,
@@ -309,6 +317,8 @@ class LLMEngine:
                 batch_pending_tokens=sum(
                     s.params.max_tokens - s.num_output_tokens for s in pending
                 ),
+                prefix_cache_queries=bm.prefix_queries,
+                prefix_cache_hits=bm.prefix_hits,
             )
 
     @property
