@@ -63,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scrape-failure", type=float, default=0.0, metavar="P", help="per-scrape probability"
     )
     parser.add_argument("--max-replicas", type=int, default=32)
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="pods compute every prompt in full (by default a trace's hash_ids are reused)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write plots here")
     parser.add_argument("--json", action="store_true", help="machine-readable results")
@@ -113,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         scrape_failure_prob=args.scrape_failure,
         seed=args.seed,
         duration_s=args.duration,
+        prefix_caching=args.prefix_caching,
     )
     ctx = PolicyContext(
         profile=profile,

@@ -5,7 +5,8 @@ its mean time per output token after the first is within `slo_tpot_s` (single-to
 E2E when it finished within `slo_e2e_s` (no E2E SLO: finishing is enough); rejected, timed-out and
 dropped requests miss all three. P99s are over the requests that completed (the misses are counted
 apart, as `rejected`, `timeouts` and `dropped`). GPU-hours count every pod from its creation
-(pending pods bill) to its exit, within the trace's duration.
+(pending pods bill) to its exit, within the trace's duration. The prefix-cache hit rate is the
+share of prompt tokens that admitted requests found cached (vLLM's hits over queries).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class PolicyResult:
     wall_seconds: float
     steps: int
     timeline: tuple[Tick, ...]
+    prefix_hit_rate: float = 0.0
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -74,6 +76,7 @@ class PolicyResult:
             "timeouts": self.timeouts,
             "dropped": self.dropped,
             "requests": self.requests,
+            "prefix_hit_rate": self.prefix_hit_rate,
             "batch_size": self.batch_size,
             "sim_seconds": round(self.wall_seconds, 3),
         }
@@ -105,6 +108,8 @@ def summarize(
     share = [h / total if total else 1.0 for h in hits]
     tokens = sum(r.output_tokens for r in ok)
     gpu_hours = run.gpu_seconds / 3600.0
+    admitted = [r for r in run.records if r.first_scheduled_s is not None]
+    queries = sum(r.prompt_tokens for r in admitted)
 
     def count(outcome: str) -> int:
         return sum(1 for r in run.records if r.outcome == outcome)
@@ -133,6 +138,7 @@ def summarize(
         wall_seconds=run.wall_seconds,
         steps=run.steps,
         timeline=tuple(run.timeline),
+        prefix_hit_rate=sum(r.cached_tokens for r in admitted) / queries if queries else 0.0,
     )
 
 
@@ -148,7 +154,7 @@ def table(results: Sequence[PolicyResult]) -> str:
     header = (
         f"{'policy':<22} {'B':>4} {'all':>6} {'TTFT':>6} {'TPOT':>6} {'E2E':>6} "
         f"{'p99TTFT':>8} {'p99TPOT':>8} {'p99E2E':>8} {'GPU-h':>7} {'GPUh/1k':>8} "
-        f"{'scale':>5} {'flips':>5} {'maxQ':>5} {'rej':>5} {'tmo':>5} {'drop':>5}"
+        f"{'scale':>5} {'flips':>5} {'maxQ':>5} {'rej':>5} {'tmo':>5} {'drop':>5} {'hit':>6}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
@@ -158,7 +164,8 @@ def table(results: Sequence[PolicyResult]) -> str:
             f"{r.slo_attainment:6.1%} {r.ttft_attainment:6.1%} {r.tpot_attainment:6.1%} "
             f"{r.e2e_attainment:6.1%} {_seconds(r.p99_ttft_s):>8} {_seconds(r.p99_tpot_s):>8} "
             f"{_seconds(r.p99_e2e_s):>8} {r.gpu_hours:7.2f} {per_1k:>8} {r.scale_events:5d} "
-            f"{r.flips:5d} {r.max_queue:5d} {r.rejected:5d} {r.timeouts:5d} {r.dropped:5d}"
+            f"{r.flips:5d} {r.max_queue:5d} {r.rejected:5d} {r.timeouts:5d} {r.dropped:5d} "
+            f"{r.prefix_hit_rate:6.1%}"
         )
     return "\n".join(lines)
 

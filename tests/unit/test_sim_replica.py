@@ -156,3 +156,37 @@ def test_littles_law_at_steady_state():
     rate = len([r for r in requests if 60.0 <= r.arrival_s < 600.0]) / 540.0
     mean_running = sum(samples) / len(samples)
     assert mean_running == pytest.approx(rate * service, rel=0.05)
+
+
+def test_a_cached_prefix_is_not_prefilled_again_by_hand():
+    # Two 1100-token prompts that share their first two 512-token blocks (ids 7, 8). The first
+    # prefills all 1100 tokens (1 ms + 0.1 ms a token per step, 1024-token budget: two chunks).
+    # The second arrives once the first has finished and is admitted after the 1024 cached
+    # tokens: one step of 76 prefill tokens. With caching off it prefills all 1100 again.
+    p = profile(a_s=0.001, c_s_per_prefill_token=0.0001, max_model_len=2048, step_token_budget=1024)
+    first = TraceRequest(0.0, 1100, 2, (7, 8, 9))
+    second = TraceRequest(1.0, 1100, 2, (7, 8, 10))
+    cached, full = (
+        run_single(p, [first, second], batch_cap=8, prefix_caching=caching) for caching in (1, 0)
+    )
+    prefill_all = 2 * 0.001 + 0.1024 + 0.0076
+    assert cached[0].ttft_s == full[0].ttft_s == pytest.approx(prefill_all)
+    assert full[1].ttft_s == pytest.approx(prefill_all)
+    assert cached[1].ttft_s == pytest.approx(0.001 + 0.0076)
+    assert [r.cached_tokens for r in cached] == [0, 1024]
+    assert [r.cached_tokens for r in full] == [0, 0]
+
+
+def test_the_prefix_cache_needs_whole_blocks_leaves_the_last_token_and_forgets_lru():
+    p = profile(max_model_len=1100, kv_capacity_tokens=1200)  # room for two 512-token blocks
+    records = run_single(
+        p,
+        [
+            TraceRequest(0.0, 1024, 1, (1, 2)),
+            TraceRequest(1.0, 1024, 1, (1, 2)),  # all cached, but the last token is computed
+            TraceRequest(2.0, 1000, 1, (3, 4)),  # block 4 is not full: only 3 enters the cache
+            TraceRequest(3.0, 1000, 1, (1, 2)),  # 3 took the least recently used block, 1
+        ],
+        batch_cap=8,
+    )
+    assert [r.cached_tokens for r in records] == [0, 512, 0, 0]
