@@ -22,6 +22,7 @@ counts for each of them, once.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from array import array
 from collections import OrderedDict
@@ -101,7 +102,8 @@ class BlockManager:
         if not self.prefix_caching or seq.block_table:
             return []
         blocks: list[int] = []
-        for h in self._hashes(seq, (seq.num_tokens - 1) // self.block_size):
+        most = (seq.num_tokens - 1) // self.block_size
+        for h in itertools.islice(self._hashes(seq, most), most):
             block = self._cached.get(h)
             if block is None:
                 break
@@ -109,24 +111,24 @@ class BlockManager:
         return blocks
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
-        """The chained hashes of `seq`'s first `num_blocks` full blocks, kept on the sequence:
-        its tokens are only ever appended, so a full block's hash never changes."""
+        """The chained hashes of `seq`'s full blocks, at least its first `num_blocks`, kept on
+        the sequence: its tokens are only ever appended, so a full block's hash never changes."""
         bs = self.block_size
         hashes = seq.block_hashes
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else b""
             hashes.append(block_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
-        return hashes[:num_blocks]
+        return hashes
 
     def cache_computed(self, seq: Sequence, start_pos: int) -> None:
         """Publishes the blocks that a step from `start_pos` to `seq.num_computed_tokens` has
         filled, so that later sequences with the same prefix reuse them."""
         if not self.prefix_caching:
             return
-        first = start_pos // self.block_size
-        hashes = self._hashes(seq, seq.num_computed_tokens // self.block_size)
-        for i in range(first, len(hashes)):
+        full = seq.num_computed_tokens // self.block_size
+        hashes = self._hashes(seq, full)
+        for i in range(start_pos // self.block_size, full):
             block, h = seq.block_table[i], hashes[i]
             # Two sequences that computed the same block at once: the first one stays published.
             if h not in self._cached and block not in self._hash_of:
