@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wok_sim.profile import StepProfile, load_profile
@@ -110,7 +112,8 @@ def test_lowering_the_cap_only_stops_admissions():
     assert replica.num_running <= 2 and replica.num_waiting == 0
 
 
-def test_fast_forward_gives_the_same_times_as_stepping_one_by_one():
+@pytest.mark.parametrize("shared_blocks", [0, 2])
+def test_fast_forward_gives_the_same_times_as_stepping_one_by_one(shared_blocks: int):
     p = profile(
         a_s=0.005,
         b_s_per_seq=1e-4,
@@ -119,7 +122,17 @@ def test_fast_forward_gives_the_same_times_as_stepping_one_by_one():
         kv_capacity_tokens=8192,
         max_model_len=2048,
     )
-    requests, _ = clip_to_model(poisson(15, 60, mean_prompt=300, mean_output=150, seed=2), 2048)
+    requests = poisson(15, 60, mean_prompt=300, mean_output=150, seed=2)
+    if shared_blocks:  # a shared system prompt before each prompt, then the prompt's own blocks
+        requests = [
+            dataclasses.replace(
+                r,
+                prompt_tokens=r.prompt_tokens + 512 * shared_blocks,
+                hash_ids=(*range(shared_blocks), *(100 + 4 * i + j for j in range(4))),
+            )
+            for i, r in enumerate(requests)
+        ]
+    requests, _ = clip_to_model(requests, 2048)
     replica = SimReplica(p, batch_cap=48, max_queue=64)
     for i, request in enumerate(requests):
         replica.advance_to(request.arrival_s)
@@ -130,8 +143,10 @@ def test_fast_forward_gives_the_same_times_as_stepping_one_by_one():
     assert replica.num_jumps > 0 and replica.num_preemptions > 0  # both paths are exercised
     assert [r.outcome for r in fast] == [r.outcome for r in slow]
     assert {r.outcome for r in fast} >= {"ok", "rejected"}  # overloaded: 429s too
+    assert any(r.cached_tokens for r in fast) == bool(shared_blocks)
     for a, b in zip(fast, slow, strict=True):
         assert a.output_tokens == b.output_tokens
+        assert a.cached_tokens == b.cached_tokens
         assert a.finish_s == pytest.approx(b.finish_s, abs=1e-9)
         assert (a.first_token_s or 0.0) == pytest.approx(b.first_token_s or 0.0, abs=1e-9)
 
