@@ -124,11 +124,11 @@ class BlockManager:
     def cache_computed(self, seq: Sequence, start_pos: int) -> None:
         """Publishes the blocks that a step from `start_pos` to `seq.num_computed_tokens` has
         filled, so that later sequences with the same prefix reuse them."""
-        if not self.prefix_caching:
+        first, full = start_pos // self.block_size, seq.num_computed_tokens // self.block_size
+        if not self.prefix_caching or first == full:  # no block filled (most decode steps)
             return
-        full = seq.num_computed_tokens // self.block_size
         hashes = self._hashes(seq, full)
-        for i in range(start_pos // self.block_size, full):
+        for i in range(first, full):
             block, h = seq.block_table[i], hashes[i]
             # Two sequences that computed the same block at once: the first one stays published.
             if h not in self._cached and block not in self._hash_of:
@@ -140,9 +140,11 @@ class BlockManager:
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Free blocks that covering positions [0, num_tokens) of `seq` takes: its cached prefix
         costs none where another sequence holds it already."""
+        growth = self._table_growth(seq, num_tokens)
+        if seq.block_table or not self.prefix_caching:  # no prefix to look up (a decode)
+            return growth
         hits = self._cached_prefix(seq)[: num_tokens // self.block_size]
-        shared = sum(block in self._refs for block in hits)
-        return self._table_growth(seq, num_tokens) - shared
+        return growth - sum(block in self._refs for block in hits)
 
     def _table_growth(self, seq: Sequence, num_tokens: int) -> int:
         return max(0, self.blocks_for_tokens(num_tokens) - len(seq.block_table))
@@ -150,10 +152,11 @@ class BlockManager:
     def tenant_blocked(self, seq: Sequence, num_tokens: int) -> bool:
         """True when growing `seq` to `num_tokens` would take its tenant over its quota."""
         key = seq.tenant or ""
-        hits = self._cached_prefix(seq)[: num_tokens // self.block_size]
-        held = sum((key, block) in self._tenant_refs for block in hits)
-        need = self._table_growth(seq, num_tokens) - held
-        return self.tenant_used_blocks(seq.tenant) + need > self.tenant_quota_blocks
+        need = self._table_growth(seq, num_tokens)
+        if not seq.block_table and self.prefix_caching:
+            hits = self._cached_prefix(seq)[: num_tokens // self.block_size]
+            need -= sum((key, block) in self._tenant_refs for block in hits)
+        return self._tenant_used.get(key, 0) + need > self.tenant_quota_blocks
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         need = self.blocks_needed(seq, num_tokens)
