@@ -84,6 +84,10 @@ class BlockManager:
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
 
+    def holders(self, block: int) -> int:
+        """How many block tables hold `block` (0: it is free)."""
+        return self._refs.get(block, 0)
+
     def tenant_used_blocks(self, tenant: str | None) -> int:
         return self._tenant_used.get(tenant or "", 0)
 

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -293,10 +294,10 @@ class LLMEngine:
             sched = self.scheduler
             queue = sched.queue
             batch_running = [s for s in sched.running if s.is_batch]
-            # Distinct blocks: the prefix cache shares one block among sequences, and one
-            # that both lanes hold counts as online (the batch lane cannot give it back).
-            online_blocks = {b for s in sched.running if not s.is_batch for b in s.block_table}
-            batch_blocks = len({b for s in batch_running for b in s.block_table} - online_blocks)
+            # The blocks only batch sequences hold: the prefix cache may share a block with an
+            # online sequence, and then it is online (the batch lane cannot give it back).
+            held = Counter(b for s in batch_running for b in s.block_table)
+            batch_blocks = sum(bm.holders(block) == n for block, n in held.items())
             pending = [*batch_running, *sched.batch_queue.in_order(0.0)]
             return EngineStats(
                 num_waiting=len(queue),
@@ -305,7 +306,7 @@ class LLMEngine:
                 kv_blocks_total=bm.num_blocks,
                 kv_blocks_used=bm.num_used_blocks,
                 kv_blocks_free=bm.num_free_blocks,
-                kv_usage=len(online_blocks) / bm.num_blocks,
+                kv_usage=(bm.num_used_blocks - batch_blocks) / bm.num_blocks,
                 max_batch_size=sched.max_batch_size,
                 num_preemptions_total=sched.preemptions["online"],
                 completed_total=self._completed_total,

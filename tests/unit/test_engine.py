@@ -166,6 +166,26 @@ def test_prefix_caching_gives_the_same_greedy_outputs_and_skips_the_cached_prefi
     assert prefilled[True] == prefilled[False] - stats.prefix_cache_hits
 
 
+def test_a_prefix_block_both_lanes_hold_counts_as_online(runner: ModelRunner) -> None:
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=4))
+    got = Collector()
+    prompt = list(range(1, 41))  # two full blocks and a part
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request(prompt, params, on_output=got, request_id="online")
+    engine.step()  # its prefill publishes its two full blocks
+    engine.add_request(prompt, params, on_output=got, request_id="batch", lane="batch")
+    engine.step()  # the batch request shares them, and adds one block of its own
+    stats = engine.stats()
+    assert (stats.num_running, stats.batch_running) == (1, 1)
+    assert stats.kv_blocks_used == 3 + 1
+    assert stats.batch_kv_blocks == 1
+    assert stats.kv_usage == 3 / stats.kv_blocks_total
+    got.expected = 2
+    while engine.step():
+        pass
+    assert set(got.final) == {"online", "batch"}
+
+
 def test_the_cap_holds_from_the_next_step_and_lowering_never_preempts(runner: ModelRunner) -> None:
     steps: list[StepStats] = []
     engine = LLMEngine(runner, EngineConfig(max_batch_size=6), on_step=steps.append)
