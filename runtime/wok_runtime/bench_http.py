@@ -4,7 +4,9 @@ Why beside `wok bench engine`: the engine benchmark measures the scheduler and t
 one adds the HTTP, the queue's backpressure (429s) and the client's view of latency, and its JSON
 has the same keys so the two can be compared. Arrivals are Poisson at `--request-rate`, bounded by
 `--max-concurrency`, or replayed from an Azure LLM trace (`--trace`). Every request streams, so
-TTFT and inter-token latency are measured on the client. Prompts are token ids (exact lengths)
+TTFT and inter-token latency are measured on the client. `--shared-prefix-len N` puts the same N
+tokens (a system prompt) before every prompt, as vLLM's `--random-prefix-len`: the load that
+prefix caching is for. Prompts are token ids (exact lengths)
 and `ignore_eos` makes every output exactly as long as asked. Bounded in count and time, and
 loopback only: it is a benchmark, not a load weapon.
 """
@@ -118,12 +120,19 @@ def trace_specs(
 
 
 async def send_completion(
-    client: httpx.AsyncClient, url: str, model: str, spec: RequestSpec, rng: random.Random
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    spec: RequestSpec,
+    rng: random.Random,
+    prefix: list[int] | None = None,
 ) -> RequestResult:
+    """One streamed completion: `prefix` (if any), then `spec.prompt_len` random tokens."""
     result = RequestResult(expected_tokens=spec.output_len)
+    own = [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(spec.prompt_len)]
     body = {
         "model": model,
-        "prompt": [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(spec.prompt_len)],
+        "prompt": (prefix or []) + own,
         "max_tokens": spec.output_len,
         "temperature": 0.0,
         "ignore_eos": True,
@@ -191,6 +200,7 @@ async def run_bench(
     duration_s: float = 600.0,
     seed: int = 0,
     progress: bool = False,
+    shared_prefix_len: int = 0,
 ) -> tuple[list[RequestResult], float, float | None]:
     """Runs the requests; returns (results, wall seconds, mean batch size or None)."""
     limits = httpx.Limits(max_connections=max_concurrency or 1000, max_keepalive_connections=100)
@@ -201,6 +211,7 @@ async def run_bench(
         before = await _scrape_batch_size(client, urls)
         semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         rng = random.Random(seed)
+        prefix = [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(shared_prefix_len)]
         bar = None
         if progress:
             from tqdm import tqdm
@@ -214,9 +225,9 @@ async def run_bench(
             await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - start)))
             if semaphore is not None:
                 async with semaphore:
-                    results[i] = await send_completion(client, url, model, spec, rng)
+                    results[i] = await send_completion(client, url, model, spec, rng, prefix)
             else:
-                results[i] = await send_completion(client, url, model, spec, rng)
+                results[i] = await send_completion(client, url, model, spec, rng, prefix)
             if bar is not None:
                 bar.update(1)
 
@@ -339,6 +350,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ValueError("--max-concurrency must be >= 1")
     if not 0 < args.duration <= 3600:
         raise ValueError("--duration must be in (0, 3600] seconds")
+    if args.shared_prefix_len < 0:
+        raise ValueError("--shared-prefix-len must be >= 0")
     if args.trace:
         specs = trace_specs(
             args.trace,
@@ -366,6 +379,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             seed=args.seed,
             progress=not args.no_progress and not args.json,
+            shared_prefix_len=args.shared_prefix_len,
         )
     )
     report = summarize(

@@ -127,6 +127,13 @@ def _register_serve(runtime: Any) -> None:
         default=8 * 1024 * 1024,
         help="a larger request body is answered 413 before it is read",
     )
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt in full (by default a request reuses the KV blocks of the "
+        "longest prompt prefix that an earlier one computed)",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
 
@@ -161,6 +168,12 @@ def _register_bench_http(bench: Any) -> None:
     p.add_argument("--trace-speedup", type=float, default=1.0)
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=16)
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="the same N tokens before every prompt (a system prompt: what prefix caching reuses)",
+    )
     p.add_argument("--max-input-len", type=int, default=None, help="clip trace prompt lengths")
     p.add_argument("--max-output-len", type=int, default=None, help="clip trace output lengths")
     p.add_argument("--slo-ttft", type=float, default=None, help="goodput TTFT target (s)")

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,8 @@ class EngineStats:
     batch_kv_blocks: int = 0
     batch_preemptions_total: int = 0
     batch_pending_tokens: int = 0  # output tokens the batch lane still owes, at most
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found there (their prefill skipped)
 
 
 OutputCallback = Callable[[RequestOutput], None]
@@ -155,7 +158,10 @@ class LLMEngine:
         )
         self.vocab_size: int = runner.config.vocab_size
         self.block_manager = BlockManager(
-            runner.num_blocks, runner.block_size, tenant_kv_share=config.tenant_kv_share
+            runner.num_blocks,
+            runner.block_size,
+            tenant_kv_share=config.tenant_kv_share,
+            prefix_caching=config.enable_prefix_caching,
         )
         self.scheduler = Scheduler(
             mode=config.mode,
@@ -293,7 +299,10 @@ class LLMEngine:
             sched = self.scheduler
             queue = sched.queue
             batch_running = [s for s in sched.running if s.is_batch]
-            batch_blocks = sum(len(s.block_table) for s in batch_running)
+            # The blocks only batch sequences hold: the prefix cache may share a block with an
+            # online sequence, and then it is online (the batch lane cannot give it back).
+            held = Counter(b for s in batch_running for b in s.block_table)
+            batch_blocks = sum(bm.holders(block) == n for block, n in held.items())
             pending = [*batch_running, *sched.batch_queue.in_order(0.0)]
             return EngineStats(
                 num_waiting=len(queue),
@@ -314,6 +323,8 @@ class LLMEngine:
                 batch_pending_tokens=sum(
                     s.params.max_tokens - s.num_output_tokens for s in pending
                 ),
+                prefix_cache_queries=bm.prefix_queries,
+                prefix_cache_hits=bm.prefix_hits,
             )
 
     @property

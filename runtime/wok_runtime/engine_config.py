@@ -30,6 +30,10 @@ class EngineConfig:
     backlog never fills the online queue, and its own wait limit (`batch_queue_timeout_s`:
     offline work expects to wait behind the online lane). `batch_lane_max_batch_size` caps the
     batch lane while the online lane is idle (None: the memory cap, `kv_safe_batch_size`).
+
+    `enable_prefix_caching` (on by default, as in vLLM): a request reuses the K/V blocks of the
+    longest prompt prefix an earlier one computed, and computes only the rest
+    (block_manager.py).
     """
 
     mode: Mode = "continuous"
@@ -45,6 +49,7 @@ class EngineConfig:
     batch_max_queue: int = 1024
     batch_queue_timeout_s: float = 3600.0
     batch_lane_max_batch_size: int | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -45,6 +45,9 @@ NUM_PREEMPTIONS = "vllm:num_preemptions"
 PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 REQUEST_SUCCESS = "vllm:request_success"
+# Automatic prefix caching, in tokens as vLLM counts them: the hit rate is hits / queries.
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 MAX_BATCH_SIZE = "wok_max_batch_size"
 BATCH_SIZE = "wok_batch_size"
 REJECTED_REQUESTS = "wok_rejected_requests"
@@ -160,6 +163,16 @@ _SPECS = (
         "counter",
         "Finished requests by finish reason.",
         labels=("finished_reason",),
+    ),
+    MetricSpec(
+        PREFIX_CACHE_QUERIES,
+        "counter",
+        "Prefix cache queries, in prompt tokens looked up (at a request's first admission).",
+    ),
+    MetricSpec(
+        PREFIX_CACHE_HITS,
+        "counter",
+        "Prefix cache hits, in prompt tokens found cached (their prefill skipped).",
     ),
     MetricSpec(MAX_BATCH_SIZE, "gauge", "The live cap on running sequences (admin API)."),
     MetricSpec(
@@ -376,6 +389,8 @@ class _EngineGauges:
         yield gauge(KV_CACHE_USAGE_PERC, s.kv_usage)
         yield gauge(MAX_BATCH_SIZE, s.max_batch_size)
         yield counter(NUM_PREEMPTIONS, s.num_preemptions_total)
+        yield counter(PREFIX_CACHE_QUERIES, s.prefix_cache_queries)
+        yield counter(PREFIX_CACHE_HITS, s.prefix_cache_hits)
         queue = GaugeMetricFamily(
             QUEUE_LENGTH, METRICS[QUEUE_LENGTH].help, labels=[MODEL_LABEL, "priority"]
         )

@@ -7,7 +7,8 @@ then waiting requests are admitted while the running count is under the admissio
 free. A prompt longer than what is left of the budget is prefilled in chunks over several steps.
 When blocks run out, the lowest-priority, newest running sequence is preempted by recompute: its
 blocks are freed and it goes back to the queue with its generated tokens, which are recomputed as
-prompt when it is admitted again; nothing is lost.
+prompt when it is admitted again; nothing is lost. A waiting request starts after its longest
+cached prefix (block_manager.py): its first chunk is only the tokens the cache does not hold.
 
 The cap is live (`set_batching`): lowering it stops admissions until the running count drains
 below it (no preemption); raising it is clamped to `capacity` = the number of KV blocks (each
@@ -340,23 +341,23 @@ class Scheduler:
         for seq in self.queue.in_order(now):
             if budget == 0:
                 break
-            n = min(seq.num_uncomputed_tokens, budget)
-            if self.block_manager.tenant_blocked(seq, n):
+            end, n = self._first_chunk(seq, budget)
+            if self.block_manager.tenant_blocked(seq, end):
                 continue  # this tenant is at its share; others may still be admitted
             batch = [s for s in self.running if s.is_batch] if reclaim else []
             slots = len(self.running) + len(admitted) + 1 - cap  # to free for this one
             batch_blocks = sum(len(s.block_table) for s in batch)
-            need = self.block_manager.blocks_needed(seq, n)
+            need = self.block_manager.blocks_needed(seq, end)
             if slots > len(batch) or need > self.block_manager.num_free_blocks + batch_blocks:
                 break  # full even without the batch lane: keep priority order, let no small one by
             # Only what this request needs: a slot under the cap, then blocks.
             for _ in range(max(0, slots)):
                 self._evict_batch(out)
-            while not self.block_manager.can_allocate(seq, n) and self._evict_batch(out):
+            while not self.block_manager.can_allocate(seq, end) and self._evict_batch(out):
                 pass
-            if not self.block_manager.can_allocate(seq, n):
+            if not self.block_manager.can_allocate(seq, end):
                 break
-            self._start(seq, n, chosen, admitted)
+            self._start(seq, end, n, chosen, admitted)
             budget -= n
         self._move_to_running(self.queue, admitted)
         return budget
@@ -374,23 +375,36 @@ class Scheduler:
                 break
             if budget == 0:
                 break
-            n = min(seq.num_uncomputed_tokens, budget)
-            if self.block_manager.tenant_blocked(seq, n):
+            end, n = self._first_chunk(seq, budget)
+            if self.block_manager.tenant_blocked(seq, end):
                 continue
-            need = self.block_manager.blocks_needed(seq, n)
-            if not self.block_manager.can_allocate(seq, n):
+            need = self.block_manager.blocks_needed(seq, end)
+            if not self.block_manager.can_allocate(seq, end):
                 break
             if self.block_manager.num_free_blocks - need < reserve:
                 break
-            self._start(seq, n, chosen, admitted)
+            self._start(seq, end, n, chosen, admitted)
             budget -= n
         self._move_to_running(self.batch_queue, admitted)
         return budget
 
+    def _first_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
+        """(end, n) of a waiting sequence's first step: the `n` tokens after its cached prefix,
+        up to position `end`."""
+        cached = self.block_manager.num_cached_tokens(seq)
+        n = min(seq.num_tokens - cached, budget)
+        return cached + n, n
+
     def _start(
-        self, seq: Sequence, n: int, chosen: dict[Sequence, int], admitted: list[Sequence]
+        self,
+        seq: Sequence,
+        end: int,
+        n: int,
+        chosen: dict[Sequence, int],
+        admitted: list[Sequence],
     ) -> None:
-        self.block_manager.allocate(seq, n)
+        self.block_manager.allocate(seq, end)  # also moves num_computed_tokens past the cache
+        assert seq.num_computed_tokens + n == end
         admitted.append(seq)
         chosen[seq] = n
 
@@ -449,6 +463,7 @@ class Scheduler:
             if seq.is_finished:
                 continue
             seq.num_computed_tokens += item.num_tokens
+            self.block_manager.cache_computed(seq, item.start_pos)
             if not item.samples:
                 continue
             token = sampled[seq]

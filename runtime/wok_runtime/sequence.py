@@ -58,6 +58,9 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # The prefix cache's chained hashes of the full blocks of `token_ids` (block_manager.py),
+    # computed once: tokens are only appended, so they stay valid through a preemption.
+    block_hashes: list[bytes] = field(default_factory=list)
     # How many output tokens were already handed to the caller (for incremental outputs).
     num_emitted_tokens: int = 0
     finish_reason: str | None = None

@@ -1153,6 +1153,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         batch_max_queue=args.batch_queue_size,
         batch_queue_timeout_s=args.batch_queue_timeout,
         batch_lane_max_batch_size=args.batch_lane_max_batch_size,
+        enable_prefix_caching=args.prefix_caching,
     )
     priorities = tuple(sorted(set(classes.values())))
     # The collector reads the engine at scrape time; the engine reports steps to the collector.

@@ -138,6 +138,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-replicas", type=int, default=32)
     parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="pods compute every prompt in full (by default a trace's hash_ids are reused)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="random draws: overlay copies, routing, scrapes"
     )
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write plots here")
@@ -190,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         scrape_failure_prob=args.scrape_failure,
         seed=args.seed,
         duration_s=args.duration,
+        prefix_caching=args.prefix_caching,
     )
     ctx = PolicyContext(
         profile=profile,

@@ -32,4 +32,5 @@ COLUMNS: tuple[tuple[str, str], ...] = (
         "requests still running or queued when their pod was removed and its drain ran "
         "out, or when the run ended; each a miss",
     ),
+    ("hit", "share of prompt tokens served from a pod's prefix cache (the trace's hash_ids)"),
 )

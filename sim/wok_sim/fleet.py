@@ -62,6 +62,7 @@ class FleetConfig:
     max_wait_ms: int = DEFAULT_MAX_WAIT_MS
     duration_s: float | None = None  # default: up to the last arrival
     fast: bool = True
+    prefix_caching: bool = True  # from the trace's hash_ids (replica.py)
 
     def __post_init__(self) -> None:
         if self.routing not in ("random", "least-loaded"):
@@ -160,6 +161,7 @@ class _Fleet:
             max_wait_ms=c.max_wait_ms,
             fast=c.fast,
             start_s=now,
+            prefix_caching=c.prefix_caching,
         )
         self.pods.append(_Pod(pod_id, replica, now, "ready" if ready_now else "pending"))
         if not ready_now:

@@ -12,6 +12,14 @@ timeout. Queue timeouts are checked at the top of each step, as the engine does.
 admits a whole batch only when nothing runs and B requests wait or the oldest waited
 `max_wait_ms`, and runs it to completion. A step costs what the profile says.
 
+Automatic prefix caching, from a trace's `hash_ids` (Mooncake's 512-token blocks): a request
+admitted starts after the longest run of its leading blocks that the replica's cache holds, as
+the runtime's block manager does (whole blocks, the last token always computed), so its prefill,
+and the step time the profile charges for it, count only the rest; the attention over the cached
+context is still paid. A prompt's blocks enter the cache when its prefill completes. The cache
+holds as many blocks as the KV pool and forgets the least recently used; the blocks a hit shares
+are still counted once per sequence in the pool (the memory side is conservative).
+
 Why it is fast: most steps decode only. While no prefill is pending and nothing can be admitted,
 every running sequence gains one token per step, so a stretch of k steps with n sequences costs
 k·α + d·n·k(k−1)/2 (α = a + b·n + d·(C + n), C = Σ context) and the replica jumps straight to the
@@ -28,11 +36,12 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
 from wok_sim.profile import StepProfile
-from wok_sim.traces import TraceRequest, clip_to_model
+from wok_sim.traces import HASH_BLOCK_TOKENS, TraceRequest, clip_to_model
 
 Outcome = Literal["ok", "rejected", "timeout", "dropped"]
 Mode = Literal["continuous", "static"]
@@ -54,6 +63,7 @@ class RequestRecord:
     finish_s: float  # when it ended, whatever the outcome
     outcome: Outcome
     first_scheduled_s: float | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
 
     @property
     def ttft_s(self) -> float | None:
@@ -78,12 +88,14 @@ class _Seq:
         "arrival",
         "base",
         "blocks",
+        "cached",
         "computed",
         "deadline",
         "first_scheduled",
         "first_token",
         "gbase",
         "generated",
+        "hash_ids",
         "key",
         "prompt",
         "rid",
@@ -96,6 +108,8 @@ class _Seq:
         self.key = (request.arrival_s, rid)  # the scheduler's rank: older first
         self.prompt = request.prompt_tokens
         self.target = request.output_tokens
+        self.hash_ids = request.hash_ids
+        self.cached = 0
         self.generated = 0
         self.computed = 0
         self.blocks = 0
@@ -127,6 +141,7 @@ class SimReplica:
         max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
         fast: bool = True,
         start_s: float = 0.0,
+        prefix_caching: bool = True,
     ) -> None:
         if mode not in ("continuous", "static"):
             raise ValueError(f"batching mode must be continuous or static, got {mode!r}")
@@ -158,6 +173,9 @@ class SimReplica:
         self.records: list[RequestRecord] = []  # how requests ended, in that order
         self.num_preemptions = 0
         self.num_jumps = 0  # fast-forwarded stretches (for the speed report)
+        self.prefix_caching = prefix_caching
+        self.prefix_cache_blocks = self.num_blocks * self.bs // HASH_BLOCK_TOKENS
+        self._prefix_cache: OrderedDict[int, None] = OrderedDict()  # block id, LRU first
 
     # --- live parameters and gauges -----------------------------------------------------------
 
@@ -229,6 +247,7 @@ class SimReplica:
                 finish_s=now,
                 outcome=outcome,
                 first_scheduled_s=seq.first_scheduled,
+                cached_tokens=seq.cached,
             )
         )
 
@@ -359,7 +378,8 @@ class SimReplica:
         # Free blocks only shrink during a decode stretch, so a head that cannot fit after the
         # next step's growth cannot fit later either.
         free_after = self.num_blocks - self.used - self._new_blocks(1)
-        need = -(-min(head.uncomputed, budget) // self.bs) - head.blocks
+        cached = self._cached_tokens(head)
+        need = -(-(cached + min(head.uncomputed - cached, budget)) // self.bs) - head.blocks
         return need > free_after
 
     def _jump(self, t: float) -> bool:
@@ -400,6 +420,36 @@ class SimReplica:
             self.used -= -(-seq.computed // self.bs)
             self._record_end(seq, self.clock, "ok")
         return True
+
+    # --- the prefix cache -------------------------------------------------------------------
+
+    def _cached_tokens(self, seq: _Seq) -> int:
+        """Tokens of a waiting sequence that its admission takes from the prefix cache."""
+        if not self.prefix_caching or not seq.hash_ids:
+            return 0
+        h = HASH_BLOCK_TOKENS
+        limit = min(len(seq.hash_ids), seq.prompt // h, (seq.tokens - 1) // h)
+        k = 0
+        while k < limit and seq.hash_ids[k] in self._prefix_cache:
+            k += 1
+        return k * h
+
+    def _use_prefix(self, seq: _Seq, cached: int) -> None:
+        """Admission: the sequence starts after its cached prefix, now the most recently used."""
+        for block in seq.hash_ids[: cached // HASH_BLOCK_TOKENS]:
+            self._prefix_cache.move_to_end(block)
+        seq.computed = cached
+        if seq.first_scheduled is None:
+            seq.cached = cached
+
+    def _publish_prompt(self, seq: _Seq) -> None:
+        if not self.prefix_caching:
+            return
+        for block in seq.hash_ids[: seq.prompt // HASH_BLOCK_TOKENS]:
+            self._prefix_cache[block] = None
+            self._prefix_cache.move_to_end(block)
+        while len(self._prefix_cache) > self.prefix_cache_blocks:
+            self._prefix_cache.popitem(last=False)
 
     # --- one exact step (the runtime scheduler's `schedule` + `postprocess`) ------------------
 
@@ -476,6 +526,7 @@ class SimReplica:
             seq.generated += 1
             if seq.first_token is None:
                 seq.first_token = self.clock
+                self._publish_prompt(seq)
             if seq.generated >= seq.target:
                 self.used -= seq.blocks
                 seq.blocks = 0
@@ -492,10 +543,12 @@ class SimReplica:
         for seq in self.waiting:
             if len(running) >= cap or budget == 0:
                 break
-            n = min(seq.uncomputed, budget)
-            if not self._can_allocate(seq, n):
+            cached = self._cached_tokens(seq)
+            n = min(seq.uncomputed - cached, budget)
+            if not self._can_allocate(seq, cached + n):
                 break  # the pool is full: keep the order rather than let small ones by
-            self._allocate(seq, n)
+            self._use_prefix(seq, cached)
+            self._allocate(seq, cached + n)
             seq.deadline = None  # admitted once: a later preemption never times it out
             running.append(seq)
             chosen[id(seq)] = (seq, n)
@@ -532,6 +585,7 @@ def run_single(
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
     max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
     fast: bool = True,
+    prefix_caching: bool = True,
 ) -> list[RequestRecord]:
     """One replica serving `requests` to the end; one record per request, in request order.
     Lengths are clipped to the profile's max_model_len first, as the fleet does."""
@@ -544,6 +598,7 @@ def run_single(
         queue_timeout_s=queue_timeout_s,
         max_wait_ms=max_wait_ms,
         fast=fast,
+        prefix_caching=prefix_caching,
     )
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     for i in order:

@@ -5,7 +5,8 @@ its mean time per output token after the first is within `slo_tpot_s` (single-to
 E2E when it finished within `slo_e2e_s` (no E2E SLO: finishing is enough); rejected, timed-out and
 dropped requests miss all three. P99s are over the requests that completed (the misses are counted
 apart, as `rejected`, `timeouts` and `dropped`). GPU-hours count every pod from its creation
-(pending pods bill) to its exit, within the trace's duration.
+(pending pods bill) to its exit, within the trace's duration. The prefix-cache hit rate is the
+share of prompt tokens that admitted requests found cached (vLLM's hits over queries).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class PolicyResult:
     wall_seconds: float
     steps: int
     timeline: tuple[Tick, ...]
+    prefix_hit_rate: float = 0.0
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -79,6 +81,7 @@ class PolicyResult:
             "timeouts": self.timeouts,
             "dropped": self.dropped,
             "requests": self.requests,
+            "prefix_hit_rate": self.prefix_hit_rate,
             "batch_size": self.batch_size,
             "sim_seconds": round(self.wall_seconds, 3),
         }
@@ -110,6 +113,8 @@ def summarize(
     share = [h / total if total else 1.0 for h in hits]
     tokens = sum(r.output_tokens for r in ok)
     gpu_hours = run.gpu_seconds / 3600.0
+    admitted = [r for r in run.records if r.first_scheduled_s is not None]
+    queries = sum(r.prompt_tokens for r in admitted)
 
     def count(outcome: str) -> int:
         return sum(1 for r in run.records if r.outcome == outcome)
@@ -138,6 +143,7 @@ def summarize(
         wall_seconds=run.wall_seconds,
         steps=run.steps,
         timeline=tuple(run.timeline),
+        prefix_hit_rate=sum(r.cached_tokens for r in admitted) / queries if queries else 0.0,
     )
 
 
@@ -165,6 +171,7 @@ def _cells(r: PolicyResult) -> list[str]:
         per_1k,
         *(str(n) for n in (r.scale_events, r.flips, r.max_queue, r.rejected, r.timeouts)),
         str(r.dropped),
+        f"{r.prefix_hit_rate:.1%}",
     ]
 
 

@@ -1,14 +1,17 @@
 """Request traces: what arrives, when, and how long it is.
 
 Readers for the Azure LLM inference trace CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`) and the
-Mooncake JSONL format (`timestamp` in ms, `input_length`, `output_length`), plus Poisson and
-scripted loads, and the rate scaling the fleet simulator offers (`compress` or `overlay`). One
-parser per format, shared with the runtime's benchmarks (this module is pure Python).
+Mooncake JSONL format (`timestamp` in ms, `input_length`, `output_length`, `hash_ids`), plus
+Poisson and scripted loads, and the rate scaling the fleet simulator offers (`compress` or
+`overlay`). One parser per format, shared with the runtime's benchmarks (this module is pure
+Python).
 """
 
 from __future__ import annotations
 
+import collections
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -16,10 +19,15 @@ import random
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 RateMode = Literal["compress", "overlay"]
 OVERLAY_JITTER_S = 30.0  # how far an overlay copy may move from its original's arrival
+#: Tokens per prefix block of a Mooncake trace's `hash_ids`.
+HASH_BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +35,10 @@ class TraceRequest:
     arrival_s: float  # seconds from the start of the trace
     prompt_tokens: int
     output_tokens: int
+    # Ids of the prompt's HASH_BLOCK_TOKENS-token blocks (Mooncake): two prompts with the same
+    # first k ids share their first k blocks, so the ids show what a prefix cache can reuse.
+    # Empty when the trace does not say.
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,8 @@ def read_azure(path: Path, limit: int | None = None) -> list[TraceRequest]:
 
 
 def read_mooncake(path: Path, limit: int | None = None) -> list[TraceRequest]:
-    """A Mooncake JSONL trace (`timestamp` in ms, `input_length`, `output_length`)."""
+    """A Mooncake JSONL trace (`timestamp` in ms, `input_length`, `output_length`, and
+    optionally `hash_ids`)."""
     _check_file(path)
     out: list[TraceRequest] = []
     with path.open() as f:
@@ -91,15 +104,16 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[TraceRequest]:
                         arrival_s=float(row["timestamp"]) / 1000.0,
                         prompt_tokens=int(row["input_length"]),
                         output_tokens=int(row["output_length"]),
+                        hash_ids=tuple(int(i) for i in row.get("hash_ids", ())),
                     )
                 )
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
                 raise ValueError(f"{path}:{number} is not a Mooncake trace line: {error}") from None
     if not out:
         raise ValueError(f"trace {path} has no rows")
     start = min(r.arrival_s for r in out)
     return sorted(
-        (TraceRequest(r.arrival_s - start, r.prompt_tokens, r.output_tokens) for r in out),
+        (dataclasses.replace(r, arrival_s=r.arrival_s - start) for r in out),
         key=lambda r: r.arrival_s,
     )
 
@@ -163,13 +177,13 @@ def scale_rate(
     jittered past either end of the trace is reflected back inside it: clipping would stack every
     such copy on the first or last instant (168 requests at one instant at the end of the code
     trace ×3), a burst the trace never had. Overlay keeps the trace's minute-scale shape, which
-    compressing an hour into minutes would hide from autoscalers' 5-minute windows."""
+    compressing an hour into minutes would hide from autoscalers' 5-minute windows. A copy is
+    another user's request: it keeps the prefix blocks that requests of the trace share, and
+    its own blocks from the first private one on (`private_copy`)."""
     if not (factor > 0 and math.isfinite(factor)):
         raise ValueError(f"--rate-scale must be a positive number, got {factor}")
     if mode == "compress":
-        return [
-            TraceRequest(r.arrival_s / factor, r.prompt_tokens, r.output_tokens) for r in requests
-        ]
+        return [dataclasses.replace(r, arrival_s=r.arrival_s / factor) for r in requests]
     if mode != "overlay":
         raise ValueError(f"--rate-mode must be compress or overlay, got {mode!r}")
     if factor < 1:
@@ -180,15 +194,27 @@ def scale_rate(
     span = max(r.arrival_s for r in requests)
     extra = factor - 1.0
     whole, fraction = math.floor(extra), extra - math.floor(extra)
+    uses = collections.Counter(i for r in requests for i in r.hash_ids)
+    fresh = itertools.count(max(uses, default=-1) + 1)
     out = list(requests)
     for r in requests:
         copies = whole + (1 if rng.random() < fraction else 0)
         for _ in range(copies):
             t = abs(r.arrival_s + rng.uniform(-OVERLAY_JITTER_S, OVERLAY_JITTER_S))
             t = span - abs(span - t)
-            out.append(TraceRequest(min(max(t, 0.0), span), r.prompt_tokens, r.output_tokens))
+            ids = private_copy(r.hash_ids, uses, fresh)
+            out.append(dataclasses.replace(r, arrival_s=min(max(t, 0.0), span), hash_ids=ids))
     out.sort(key=lambda r: r.arrival_s)
     return out
+
+
+def private_copy(
+    hash_ids: tuple[int, ...], uses: collections.Counter[int], fresh: Iterator[int]
+) -> tuple[int, ...]:
+    """The blocks of a copy of a prompt: the leading ones that several requests of the trace
+    share (a system prompt), then new ids from the first block only this prompt has."""
+    shared = len(list(itertools.takewhile(lambda i: uses[i] > 1, hash_ids)))
+    return hash_ids[:shared] + tuple(next(fresh) for _ in hash_ids[shared:])
 
 
 def clip_to_model(
@@ -203,7 +229,7 @@ def clip_to_model(
         prompt = min(max(1, r.prompt_tokens), max_model_len - 1)
         output = min(max(1, r.output_tokens), max_model_len - prompt)
         clipped += (prompt, output) != (r.prompt_tokens, r.output_tokens)
-        out.append(TraceRequest(r.arrival_s, prompt, output))
+        out.append(dataclasses.replace(r, prompt_tokens=prompt, output_tokens=output))
     return out, clipped
 
 

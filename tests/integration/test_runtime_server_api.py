@@ -15,6 +15,7 @@ import openai
 import pytest
 from runtime_harness import ADMIN_TOKEN, RuntimeServer, start_server
 
+from wok_runtime.bench_http import poisson_specs, run_bench
 from wok_runtime.metrics import METRICS, series_names
 
 pytestmark = pytest.mark.integration
@@ -353,6 +354,21 @@ def test_every_contract_metric_is_exported(client: openai.OpenAI, server: Runtim
     m = server.metrics()
     assert m['vllm:generation_tokens_total{model_name="tiny"}'] > 0
     assert m['vllm:time_to_first_token_seconds_count{model_name="tiny"}'] > 0
+
+
+def test_a_shared_prefix_load_is_served_from_the_prefix_cache(server: RuntimeServer):
+    hits = 'vllm:prefix_cache_hits_total{model_name="tiny"}'
+    queries = 'vllm:prefix_cache_queries_total{model_name="tiny"}'
+    before = server.metrics()
+    specs = poisson_specs(6, rate=None, prompt_len=8, output_len=2, seed=0)
+    results, _, _ = asyncio.run(
+        run_bench([server.url], specs, model="tiny", max_concurrency=1, shared_prefix_len=64)
+    )
+    assert all(r.ok for r in results)
+    after = server.metrics()
+    # One at a time: every request after the first finds the 64 shared tokens (4 blocks).
+    assert after[queries] - before[queries] == 6 * (64 + 8)
+    assert after[hits] - before[hits] >= 5 * 64
 
 
 def test_health_endpoints(server: RuntimeServer):

@@ -125,3 +125,157 @@ def test_property_blocks_are_conserved(
     for seq in seqs:
         bm.free(seq)
     assert bm.num_free_blocks == num_blocks
+
+
+# --- automatic prefix caching ------------------------------------------------------------------
+
+
+def prompt_seq(request_id: str, tokens: list[int]) -> Sequence:
+    return Sequence(
+        request_id=request_id, prompt_token_ids=tokens, params=SamplingParams(), arrival_time=0.0
+    )
+
+
+def compute(bm: BlockManager, seq: Sequence, num_tokens: int) -> None:
+    """Admits `seq` (from its cached prefix) and runs it to `num_tokens`, as the scheduler does."""
+    bm.allocate(seq, num_tokens)
+    start = seq.num_computed_tokens
+    seq.num_computed_tokens = num_tokens
+    bm.cache_computed(seq, start)
+
+
+def test_a_new_sequence_shares_the_blocks_of_its_longest_cached_prefix() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = prompt_seq("a", list(range(1, 11)))  # 10 tokens: two full blocks and two tokens
+    compute(bm, a, 10)
+    b = prompt_seq("b", [*range(1, 9), 50, 51, 52, 53, 54])  # the first 8 tokens are a's
+    assert bm.num_cached_tokens(b) == 8
+    assert bm.blocks_needed(b, 13) == 2  # a holds the shared two: only the rest is new
+    bm.allocate(b, 13)
+    assert b.num_computed_tokens == 8 and b.block_table[:2] == a.block_table[:2]
+    assert b.block_table[2:] != a.block_table[2:]
+    assert bm.num_used_blocks == 3 + 2
+    c = prompt_seq("c", [2, *range(2, 12)])  # differs in the first token: no hit at all
+    assert bm.num_cached_tokens(c) == 0
+    assert (bm.prefix_queries, bm.prefix_hits) == (10 + 13, 8)
+    bm.check_invariants()
+    bm.free(a)
+    bm.free(b)
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = prompt_seq("a", list(range(1, 9)))
+    compute(bm, a, 8)
+    bm.free(a)
+    # The logits of the last token give the first output token: the last block is computed again.
+    assert bm.num_cached_tokens(prompt_seq("b", list(range(1, 9)))) == 4
+    assert bm.num_cached_tokens(prompt_seq("c", list(range(1, 10)))) == 8
+
+
+def test_a_shared_block_is_freed_only_when_nothing_holds_it_and_stays_cached() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = prompt_seq("a", list(range(1, 10)))
+    compute(bm, a, 9)
+    b = prompt_seq("b", list(range(1, 10)))
+    bm.allocate(b, 9)
+    assert b.block_table[:2] == a.block_table[:2]
+    bm.free(a)
+    assert bm.num_used_blocks == 3  # b's own last block and the two it shares
+    bm.free(b)
+    assert bm.num_used_blocks == 0
+    c = prompt_seq("c", list(range(1, 10)))
+    assert bm.num_cached_tokens(c) == 8  # freed, yet still a hit
+    assert bm.blocks_needed(c, 9) == 3  # free blocks taken back from the free list cost one each
+
+
+def test_allocation_overwrites_the_least_recently_freed_cached_block_first() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2)
+    old, new = prompt_seq("old", [1, 2, 3]), prompt_seq("new", [7, 8, 9])
+    compute(bm, old, 3)
+    compute(bm, new, 3)
+    bm.free(old)
+    bm.free(new)
+    # Four free blocks: the two partial ones (cached nothing) go first, then old's, then new's.
+    filler = prompt_seq("filler", [5, 5, 5, 5, 5, 5])
+    bm.allocate(filler, 5)
+    assert bm.num_cached_tokens(prompt_seq("x", [1, 2, 3])) == 0
+    assert bm.num_cached_tokens(prompt_seq("y", [7, 8, 9])) == 2
+    bm.free(filler)
+
+
+def test_without_prefix_caching_nothing_is_shared_or_counted() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, prefix_caching=False)
+    a = prompt_seq("a", list(range(1, 10)))
+    compute(bm, a, 9)
+    b = prompt_seq("b", list(range(1, 10)))
+    assert bm.num_cached_tokens(b) == 0
+    bm.allocate(b, 9)
+    assert not set(a.block_table) & set(b.block_table)
+    assert (bm.prefix_queries, bm.prefix_hits) == (0, 0)
+    bm.free(a)
+    bm.free(b)
+
+
+def test_a_tenant_quota_counts_a_shared_block_once() -> None:
+    bm = BlockManager(num_blocks=10, block_size=4, tenant_kv_share=0.5)
+    a = Sequence("a", list(range(1, 10)), SamplingParams(), 0.0, tenant="A")
+    compute(bm, a, 9)  # three blocks of tenant A's five
+    b = Sequence("b", list(range(1, 10)), SamplingParams(), 0.0, tenant="A")
+    assert not bm.tenant_blocked(b, 9)  # the two it shares are A's already: one more
+    bm.allocate(b, 9)
+    assert bm.tenant_used_blocks("A") == 4
+    c = Sequence("c", list(range(1, 10)), SamplingParams(), 0.0, tenant="B")
+    bm.allocate(c, 9)
+    assert bm.tenant_used_blocks("B") == 3  # B holds the shared blocks too: they count for it
+    for seq in (a, b, c):
+        bm.free(seq)
+    assert bm.tenant_used_blocks("A") == bm.tenant_used_blocks("B") == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    num_blocks=st.integers(1, 24),
+    block_size=st.integers(1, 4),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["compute", "free"]),
+            st.integers(0, 5),  # which sequence
+            st.integers(1, 12),  # up to which position
+        ),
+        max_size=60,
+    ),
+)
+def test_property_shared_blocks_hold_their_prefix_and_are_never_lost(
+    num_blocks: int, block_size: int, ops: list[tuple[str, int, int]]
+) -> None:
+    """Prompts that share prefixes of many lengths; a slot store stands in for the K/V pool, so
+    a hit on a block that holds other tokens (or a block lost or held twice) is seen."""
+    bm = BlockManager(num_blocks, block_size)
+    slots: dict[int, int] = {}  # slot -> the token whose K/V was written there
+    seqs = [
+        prompt_seq(f"s{i}", [1] * k + [2] * (12 - k)) for i, k in enumerate([12, 12, 8, 5, 0, 3])
+    ]
+    for op, i, n in ops:
+        seq = seqs[i]
+        if op == "free":
+            bm.free(seq)
+            seq.num_computed_tokens = 0
+        elif n > seq.num_computed_tokens and bm.can_allocate(seq, n):
+            bm.allocate(seq, n)
+            start = seq.num_computed_tokens
+            table = seq.block_table
+            for p in range(n):
+                slot = table[p // block_size] * block_size + p % block_size
+                if p >= start:
+                    slots[slot] = seq.token_ids[p]  # computed now
+                assert slots.get(slot) == seq.token_ids[p], "a block holds another prefix"
+            seq.num_computed_tokens = n
+            bm.cache_computed(seq, start)
+        bm.check_invariants()
+        held = {b for s in seqs for b in s.block_table}
+        assert len(held) == bm.num_used_blocks
+        assert bm.num_used_blocks + bm.num_free_blocks == num_blocks
+    for seq in seqs:
+        bm.free(seq)
+    assert bm.num_free_blocks == num_blocks

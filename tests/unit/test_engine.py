@@ -135,6 +135,57 @@ def test_preemption_and_chunked_prefill_lose_nothing(
     assert drive(chunked, reqs) == reference
 
 
+def test_prefix_caching_gives_the_same_greedy_outputs_and_skips_the_cached_prefill(
+    runner: ModelRunner,
+) -> None:
+    rng = random.Random(2)
+    system = [rng.randrange(1, 8000) for _ in range(40)]  # two full blocks and a part
+    reqs = [
+        (system + [rng.randrange(1, 8000) for _ in range(rng.randint(1, 30))], params)
+        for params in (SamplingParams(max_tokens=n, ignore_eos=True) for n in (8, 12, 5, 9, 16, 7))
+    ]
+    reqs.append(reqs[0])  # a prompt cached in full: its last block is computed again
+    reqs.append((system[:32], SamplingParams(max_tokens=6, ignore_eos=True)))  # block-aligned
+    prefilled: dict[bool, int] = {}
+    results = {}
+    for caching in (False, True):
+        steps: list[StepStats] = []
+        engine = LLMEngine(
+            runner,
+            EngineConfig(max_batch_size=2, enable_prefix_caching=caching),
+            on_step=steps.append,
+        )
+        results[caching] = drive(engine, reqs)
+        prefilled[caching] = sum(s.num_prefill_tokens for s in steps)
+        stats = engine.stats()
+    assert results[True] == results[False]
+    # Two run before anything is cached; of the six after them, five find at least the two full
+    # blocks, and the block-aligned one the first (its last token must be computed).
+    assert stats.prefix_cache_hits >= 5 * 32 + 16
+    assert stats.prefix_cache_queries == sum(len(prompt) for prompt, _ in reqs)
+    assert prefilled[True] == prefilled[False] - stats.prefix_cache_hits
+
+
+def test_a_prefix_block_both_lanes_hold_counts_as_online(runner: ModelRunner) -> None:
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=4))
+    got = Collector()
+    prompt = list(range(1, 41))  # two full blocks and a part
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request(prompt, params, on_output=got, request_id="online")
+    engine.step()  # its prefill publishes its two full blocks
+    engine.add_request(prompt, params, on_output=got, request_id="batch", lane="batch")
+    engine.step()  # the batch request shares them, and adds one block of its own
+    stats = engine.stats()
+    assert (stats.num_running, stats.batch_running) == (1, 1)
+    assert stats.kv_blocks_used == 3 + 1
+    assert stats.batch_kv_blocks == 1
+    assert stats.kv_usage == 3 / stats.kv_blocks_total
+    got.expected = 2
+    while engine.step():
+        pass
+    assert set(got.final) == {"online", "batch"}
+
+
 def test_the_cap_holds_from_the_next_step_and_lowering_never_preempts(runner: ModelRunner) -> None:
     steps: list[StepStats] = []
     engine = LLMEngine(runner, EngineConfig(max_batch_size=6), on_step=steps.append)

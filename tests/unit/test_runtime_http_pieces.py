@@ -56,6 +56,8 @@ def test_metric_names_are_the_contract():
         "vllm:prompt_tokens": "counter",
         "vllm:generation_tokens": "counter",
         "vllm:request_success": "counter",
+        "vllm:prefix_cache_queries": "counter",
+        "vllm:prefix_cache_hits": "counter",
         "wok_max_batch_size": "gauge",
         "wok_batch_size": "histogram",
         "wok_rejected_requests": "counter",
@@ -97,6 +99,8 @@ def _stats(**changes) -> EngineStats:
         num_preemptions_total=5,
         completed_total=7,
         recent_completion_rate=1.5,
+        prefix_cache_queries=40,
+        prefix_cache_hits=32,
     )
     return EngineStats(**{**base, **changes})
 
@@ -150,6 +154,8 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
         for name in m.series_names(spec):
             assert any(key.split("{")[0] == name for key in s), name
     assert s['vllm:num_requests_waiting{model_name="tiny"}'] == 3
+    assert s['vllm:prefix_cache_queries_total{model_name="tiny"}'] == 40
+    assert s['vllm:prefix_cache_hits_total{model_name="tiny"}'] == 32
     assert s['wok_queue_length{model_name="tiny",priority="1"}'] == 0  # configured, empty
     assert s['wok_queue_length{model_name="tiny",priority="2"}'] == 2
     assert s['wok_kv_cache_blocks{model_name="tiny",state="used"}'] == 4

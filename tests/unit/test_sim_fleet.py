@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wok_operator import control, loop
@@ -10,6 +12,7 @@ from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.policies import PolicyContext, load_registry
 from wok_sim.policy import Action, FleetView
 from wok_sim.profile import load_profile
+from wok_sim.report import Slos, summarize
 from wok_sim.traces import TraceRequest, poisson
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
@@ -104,3 +107,24 @@ def test_the_wok_policy_on_a_short_load_accounts_for_every_request():
     assert {r.outcome for r in run.records} <= {"ok", "rejected", "timeout", "dropped"}
     assert len(run.timeline) >= 120 / policy.interval_s - 1
     assert run.timeline[-1].p99_ttft_s is not None  # the policy saw TTFT through Prometheus
+
+
+def test_prefix_caching_changes_the_fleet_the_law_asks_for():
+    # 4096-token prompts whose first six 512-token blocks are one shared system prompt: with
+    # caching a prefill is 1024 tokens, not 4096, and one pod keeps up where the law needs more.
+    base = poisson(6.0, 300.0, mean_output=64, seed=4)
+    requests = [
+        dataclasses.replace(r, prompt_tokens=4096, hash_ids=(*range(6), 100 + 2 * i, 101 + 2 * i))
+        for i, r in enumerate(base)
+    ]
+    runs = {}
+    for caching in (True, False):
+        policy = load_registry()["wok"].variants(context(requests=tuple(requests)))[0]
+        config = FleetConfig(PROFILE, seed=4, prefix_caching=caching)
+        runs[caching] = simulate_fleet(requests, policy, config)
+    hit_rate = summarize("wok", runs[True], Slos(2.0, 0.1)).prefix_hit_rate
+    assert 0.7 < hit_rate <= 6 / 8  # every prompt after the first few finds the six blocks
+    assert summarize("wok", runs[False], Slos(2.0, 0.1)).prefix_hit_rate == 0.0
+    most = {caching: max(tick.desired for tick in run.timeline) for caching, run in runs.items()}
+    assert most[True] < most[False]
+    assert runs[True].gpu_seconds < 0.5 * runs[False].gpu_seconds

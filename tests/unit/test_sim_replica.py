@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wok_sim.profile import StepProfile, load_profile
@@ -110,7 +112,8 @@ def test_lowering_the_cap_only_stops_admissions():
     assert replica.num_running <= 2 and replica.num_waiting == 0
 
 
-def test_fast_forward_gives_the_same_times_as_stepping_one_by_one():
+@pytest.mark.parametrize("shared_blocks", [0, 2])
+def test_fast_forward_gives_the_same_times_as_stepping_one_by_one(shared_blocks: int):
     p = profile(
         a_s=0.005,
         b_s_per_seq=1e-4,
@@ -119,7 +122,17 @@ def test_fast_forward_gives_the_same_times_as_stepping_one_by_one():
         kv_capacity_tokens=8192,
         max_model_len=2048,
     )
-    requests, _ = clip_to_model(poisson(15, 60, mean_prompt=300, mean_output=150, seed=2), 2048)
+    requests = poisson(15, 60, mean_prompt=300, mean_output=150, seed=2)
+    if shared_blocks:  # a shared system prompt before each prompt, then the prompt's own blocks
+        requests = [
+            dataclasses.replace(
+                r,
+                prompt_tokens=r.prompt_tokens + 512 * shared_blocks,
+                hash_ids=(*range(shared_blocks), *(100 + 4 * i + j for j in range(4))),
+            )
+            for i, r in enumerate(requests)
+        ]
+    requests, _ = clip_to_model(requests, 2048)
     replica = SimReplica(p, batch_cap=48, max_queue=64)
     for i, request in enumerate(requests):
         replica.advance_to(request.arrival_s)
@@ -130,8 +143,10 @@ def test_fast_forward_gives_the_same_times_as_stepping_one_by_one():
     assert replica.num_jumps > 0 and replica.num_preemptions > 0  # both paths are exercised
     assert [r.outcome for r in fast] == [r.outcome for r in slow]
     assert {r.outcome for r in fast} >= {"ok", "rejected"}  # overloaded: 429s too
+    assert any(r.cached_tokens for r in fast) == bool(shared_blocks)
     for a, b in zip(fast, slow, strict=True):
         assert a.output_tokens == b.output_tokens
+        assert a.cached_tokens == b.cached_tokens
         assert a.finish_s == pytest.approx(b.finish_s, abs=1e-9)
         assert (a.first_token_s or 0.0) == pytest.approx(b.first_token_s or 0.0, abs=1e-9)
 
@@ -156,3 +171,37 @@ def test_littles_law_at_steady_state():
     rate = len([r for r in requests if 60.0 <= r.arrival_s < 600.0]) / 540.0
     mean_running = sum(samples) / len(samples)
     assert mean_running == pytest.approx(rate * service, rel=0.05)
+
+
+def test_a_cached_prefix_is_not_prefilled_again_by_hand():
+    # Two 1100-token prompts that share their first two 512-token blocks (ids 7, 8). The first
+    # prefills all 1100 tokens (1 ms + 0.1 ms a token per step, 1024-token budget: two chunks).
+    # The second arrives once the first has finished and is admitted after the 1024 cached
+    # tokens: one step of 76 prefill tokens. With caching off it prefills all 1100 again.
+    p = profile(a_s=0.001, c_s_per_prefill_token=0.0001, max_model_len=2048, step_token_budget=1024)
+    first = TraceRequest(0.0, 1100, 2, (7, 8, 9))
+    second = TraceRequest(1.0, 1100, 2, (7, 8, 10))
+    cached, full = (
+        run_single(p, [first, second], batch_cap=8, prefix_caching=caching) for caching in (1, 0)
+    )
+    prefill_all = 2 * 0.001 + 0.1024 + 0.0076
+    assert cached[0].ttft_s == full[0].ttft_s == pytest.approx(prefill_all)
+    assert full[1].ttft_s == pytest.approx(prefill_all)
+    assert cached[1].ttft_s == pytest.approx(0.001 + 0.0076)
+    assert [r.cached_tokens for r in cached] == [0, 1024]
+    assert [r.cached_tokens for r in full] == [0, 0]
+
+
+def test_the_prefix_cache_needs_whole_blocks_leaves_the_last_token_and_forgets_lru():
+    p = profile(max_model_len=1100, kv_capacity_tokens=1200)  # room for two 512-token blocks
+    records = run_single(
+        p,
+        [
+            TraceRequest(0.0, 1024, 1, (1, 2)),
+            TraceRequest(1.0, 1024, 1, (1, 2)),  # all cached, but the last token is computed
+            TraceRequest(2.0, 1000, 1, (3, 4)),  # block 4 is not full: only 3 enters the cache
+            TraceRequest(3.0, 1000, 1, (1, 2)),  # 3 took the least recently used block, 1
+        ],
+        batch_cap=8,
+    )
+    assert [r.cached_tokens for r in records] == [0, 512, 0, 0]

@@ -38,7 +38,7 @@ def test_mooncake_reader(tmp_path):
         {"timestamp": 1000, "input_length": 5, "output_length": 1, "hash_ids": [1]},
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    assert read_mooncake(path) == [TraceRequest(0.0, 5, 1), TraceRequest(2.0, 10, 2)]
+    assert read_mooncake(path) == [TraceRequest(0.0, 5, 1, (1,)), TraceRequest(2.0, 10, 2)]
     assert load_trace(str(path)) == read_mooncake(path)
 
 
@@ -138,3 +138,22 @@ def test_scripts_parse():
         load_trace("script:abc")
     with pytest.raises(ValueError, match="poisson:RATE:SECONDS"):
         load_trace("poisson:3")
+
+
+def test_prefix_blocks_survive_clipping_and_compression_and_copies_share_only_shared_ones():
+    rows = [
+        TraceRequest(0.0, 1500, 5, (0, 1, 2)),
+        TraceRequest(10.0, 1100, 5, (0, 3, 4)),
+        TraceRequest(20.0, 600, 5, (5, 6)),
+    ]
+    assert [r.hash_ids for r in clip_to_model(rows, 4096)[0]] == [r.hash_ids for r in rows]
+    assert [r.hash_ids for r in scale_rate(rows, 2.0, mode="compress")] == [
+        r.hash_ids for r in rows
+    ]
+    scaled = scale_rate(rows, 3.0, mode="overlay", seed=1)
+    copies = [r for r in scaled if r not in rows]
+    assert len(copies) == 6
+    # Block 0 is the only one two requests share: a copy keeps it, and nothing else.
+    new_ids = [i for r in copies for i in r.hash_ids if i != 0]
+    assert min(new_ids) > 6 and len(new_ids) == len(set(new_ids)) == 2 + 2 + 2 + 2 + 2 + 2
+    assert sorted(r.hash_ids[0] == 0 for r in copies) == [False] * 2 + [True] * 4
