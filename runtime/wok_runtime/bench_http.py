@@ -33,6 +33,7 @@ from wok_sim.traces import read_azure
 
 PROMPT_TOKEN_RANGE = (10, 250)  # ids every vocabulary has (byte-level BPE: the 256 byte tokens)
 BATCH_SIZE_METRIC = "wok_batch_size"
+PREFIX_SEED = 20231116
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,16 @@ class RequestSpec:
     send_at: float  # seconds after the start
     prompt_len: int
     output_len: int
+    # The prompt's first `shared_prefix_len` tokens are the same in every request (a system
+    # prompt, a few-shot preamble): what prefix caching saves. The rest is random per request.
+    shared_prefix_len: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shared_prefix_len <= self.prompt_len:
+            raise ValueError(
+                f"shared_prefix_len must be in [0, prompt_len={self.prompt_len}], "
+                f"got {self.shared_prefix_len}"
+            )
 
 
 @dataclass
@@ -93,6 +104,18 @@ def poisson_specs(
     return specs
 
 
+def shared_prefix(length: int) -> list[int]:
+    """The shared prefix: the same token ids in every run, whatever the seed of the rest."""
+    rng = random.Random(PREFIX_SEED)
+    return [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(length)]
+
+
+def prompt_ids(spec: RequestSpec, rng: random.Random) -> list[int]:
+    rest = spec.prompt_len - spec.shared_prefix_len
+    head = shared_prefix(spec.shared_prefix_len)
+    return head + [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(rest)]
+
+
 def trace_specs(
     path: str,
     *,
@@ -123,7 +146,7 @@ async def send_completion(
     result = RequestResult(expected_tokens=spec.output_len)
     body = {
         "model": model,
-        "prompt": [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(spec.prompt_len)],
+        "prompt": prompt_ids(spec, rng),
         "max_tokens": spec.output_len,
         "temperature": 0.0,
         "ignore_eos": True,
@@ -274,6 +297,7 @@ def summarize(
         "ttft_p50_s": _pct(ttft, 0.50),
         "ttft_p99_s": _pct(ttft, 0.99),
         "tpot_p50_s": _pct(tpot, 0.50),
+        "tpot_p99_s": _pct(tpot, 0.99),
         "e2e_p50_s": _pct(e2e, 0.50),
         "e2e_p99_s": _pct(e2e, 0.99),
         "mean_batch_size": mean_batch_size,
@@ -316,7 +340,7 @@ def _format(report: dict[str, Any]) -> str:
         ),
         ("goodput", f"{report['goodput_per_s']:.2f} req/s within the SLO"),
         ("TTFT", f"mean {ms('ttft_mean_s')}, P50 {ms('ttft_p50_s')}, P99 {ms('ttft_p99_s')}"),
-        ("TPOT", f"mean {ms('tpot_mean_s')}, P50 {ms('tpot_p50_s')}"),
+        ("TPOT", f"mean {ms('tpot_mean_s')}, P50 {ms('tpot_p50_s')}, P99 {ms('tpot_p99_s')}"),
         ("ITL", f"mean {ms('itl_mean_s')}, P50 {ms('itl_p50_s')}, P99 {ms('itl_p99_s')}"),
         ("E2E", f"mean {ms('e2e_mean_s')}, P50 {ms('e2e_p50_s')}, P99 {ms('e2e_p99_s')}"),
         (

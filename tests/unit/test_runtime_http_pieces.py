@@ -15,8 +15,10 @@ from test_bench_engine import REQUIRED_KEYS
 from wok_runtime import metrics as m
 from wok_runtime.bench_http import (
     RequestResult,
+    RequestSpec,
     check_loopback,
     poisson_specs,
+    prompt_ids,
     summarize,
     trace_specs,
 )
@@ -359,6 +361,22 @@ def test_poisson_arrivals_have_the_asked_rate():
     }
 
 
+def test_shared_prefix_prompts_share_exactly_their_prefix():
+    import random
+
+    rng = random.Random(0)
+    spec = RequestSpec(0.0, prompt_len=40, output_len=1, shared_prefix_len=32)
+    first, second = prompt_ids(spec, rng), prompt_ids(spec, rng)
+    assert len(first) == len(second) == 40
+    assert first[:32] == second[:32]
+    assert first[32:] != second[32:]
+    # The prefix does not depend on the seed of the rest, so two runs share it too.
+    assert prompt_ids(spec, random.Random(7))[:32] == first[:32]
+    assert prompt_ids(RequestSpec(0.0, 8, 1), random.Random(0)) != first[:8]
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        RequestSpec(0.0, prompt_len=4, output_len=1, shared_prefix_len=5)
+
+
 def test_trace_replay_is_relative_sped_up_and_clipped(tmp_path: Path):
     trace = tmp_path / "t.csv"
     trace.write_text(
@@ -405,6 +423,7 @@ def test_summary_keys_and_goodput():
     assert report["rejected"] == 1 and report["unavailable"] == 1
     assert report["e2e_p99_s"] == 9.0 and report["e2e_p50_s"] == 1.0
     assert report["tpot_p50_s"] == pytest.approx(0.1)
+    assert report["tpot_p99_s"] == pytest.approx(8.9 / 9)  # the slow one
 
 
 # --- chat prompts ----------------------------------------------------------------------------
