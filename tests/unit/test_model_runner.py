@@ -256,6 +256,40 @@ def test_bfloat16_runs_close_to_float32(tiny_dir: Path) -> None:
     assert (outs[0] - outs[1]).abs().max() < 0.1
 
 
+def test_packed_linears_compute_what_plain_ones_do_in_bfloat16(tiny_dir: Path) -> None:
+    """oneDNN-packed weights (the CPU bf16 default) give the plain path's logits to the bit
+    on a prefill of several sequences and on their batched decode steps."""
+    runners = {
+        packed: ModelRunner.from_source(
+            "builtin:tiny", kv_cache_bytes=1 << 22, dtype="bfloat16", pack_linears=packed
+        )
+        for packed in (True, False)
+    }
+    assert runners[True].model.layers[0].mlp.down_proj.__class__.__name__ == "PackedLinear"
+    assert runners[False].model.layers[0].mlp.down_proj.__class__.__name__ == "Linear"
+    ids = prompts(8192, [11, 4, 7], seed=3)
+    tables = [[0], [1], [2]]
+    outs = {}
+    for packed, runner in runners.items():
+        steps = [runner.forward([StepInput(p, 0, t) for p, t in zip(ids, tables, strict=True)])]
+        for extra in range(3):
+            step = [
+                StepInput([5 + extra], len(p) + extra, t) for p, t in zip(ids, tables, strict=True)
+            ]
+            steps.append(runner.forward(step))
+        outs[packed] = torch.cat(steps)
+    torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
+
+
+def test_packing_is_the_default_only_on_the_cpu_in_16_bit_floats() -> None:
+    from wok_runtime.model_runner import can_pack_linears
+
+    cpu = torch.device("cpu")
+    assert can_pack_linears(cpu, torch.bfloat16) == torch.backends.mkldnn.is_available()
+    assert not can_pack_linears(cpu, torch.float32)  # fp32 stays on the plain, exact path
+    assert not can_pack_linears(torch.device("cuda"), torch.bfloat16)
+
+
 def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Path) -> None:
     """Short and long sequences decode in separate padded groups; results still match HF."""
     runner = runner_for(tiny_dir)
