@@ -175,10 +175,11 @@ class ModelRunner:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         compile: bool = False,
-        pack_linears: bool | None = None,
+        pack_linears: bool = False,
     ) -> ModelRunner:
-        """`pack_linears`: reorder every linear weight once into oneDNN's blocked layout (see
-        `pack_linears`); None: on the CPU in 16-bit floats, where it is measured faster."""
+        """`pack_linears`: reorder every linear weight once into oneDNN's blocked layout
+        (`PackedLinear`; CPU, bf16/fp16 only). Off by default: bench/runtime_step.py measured
+        no gain from it on this machine."""
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if torch_device.type == "cuda":
             require_cuda(torch_device)
@@ -198,9 +199,12 @@ class ModelRunner:
                 f"max_model_len must be in [1, {config.max_position_embeddings}] for this model, "
                 f"got {max_model_len}"
             )
-        if pack_linears is None:
-            pack_linears = can_pack_linears(torch_device, torch_dtype) and not compile
         if pack_linears:
+            if not can_pack_linears(torch_device, torch_dtype):
+                raise ValueError(
+                    f"pack_linears needs the CPU, bf16 or fp16 and oneDNN; got {torch_device} "
+                    f"and {torch_dtype}"
+                )
             pack_linears_of(model)
         if compile:
             # Only the sequence-agnostic parts: attention's per-step Python planning would
@@ -351,9 +355,9 @@ class ModelRunner:
 
 class PackedLinear(nn.Module):
     """A bias-free linear layer whose weight oneDNN reordered once, at load, into its blocked
-    layout. On the CPU in bf16/fp16, `F.linear` reorders the plain weight again on every call,
-    which at decode batch sizes costs as much as a good part of the product (vLLM's CPU build
-    packs its weights the same way). Results agree with `F.linear` to the last bit for inputs of
+    layout, as vLLM's CPU build does with its own oneDNN handles. An option, not the default:
+    on this machine's CPU it was no faster than `F.linear` (bench/results/runtime_step.md).
+    Results agree with `F.linear` to the last bit for inputs of
     more than one row; a single row may take another kernel and round differently."""
 
     def __init__(self, weight: torch.Tensor) -> None:

@@ -281,13 +281,17 @@ def test_packed_linears_compute_what_plain_ones_do_in_bfloat16(tiny_dir: Path) -
     torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
 
 
-def test_packing_is_the_default_only_on_the_cpu_in_16_bit_floats() -> None:
+def test_packing_is_off_by_default_and_refused_where_it_cannot_run(tiny_dir: Path) -> None:
     from wok_runtime.model_runner import can_pack_linears
 
     cpu = torch.device("cpu")
     assert can_pack_linears(cpu, torch.bfloat16) == torch.backends.mkldnn.is_available()
     assert not can_pack_linears(cpu, torch.float32)  # fp32 stays on the plain, exact path
     assert not can_pack_linears(torch.device("cuda"), torch.bfloat16)
+    runner = ModelRunner.from_source("builtin:tiny", kv_cache_bytes=1 << 20, dtype="bfloat16")
+    assert runner.model.layers[0].mlp.down_proj.__class__.__name__ == "Linear"
+    with pytest.raises(ValueError, match="pack_linears"):
+        ModelRunner.from_source("builtin:tiny", kv_cache_bytes=1 << 20, pack_linears=True)
 
 
 def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Path) -> None:
