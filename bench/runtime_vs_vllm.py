@@ -57,8 +57,8 @@ MAX_MODEL_LEN = 512
 # its API server process (its log: "core ids=[0] ... reserved_cpus=[1]" on this 2-CPU machine).
 # wok gets the same split: one intra-op thread, the rest of the machine for its HTTP thread. Two
 # OpenMP threads on a 2-core machine shared with the HTTP thread (and other work) stall at every
-# parallel region's barrier: a SmolLM2-shaped decode step of 32 took 2.35 s with 2 threads against
-# 0.79 s with 1 (interleaved, medians of 8).
+# parallel region's barrier: a SmolLM2-shaped decode step of 32 took 3.47 s with 2 threads against
+# 0.78 s with 1 (bench/results/runtime_step.md).
 WOK_ENV = {"OMP_NUM_THREADS": "1"}
 METRICS = ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
