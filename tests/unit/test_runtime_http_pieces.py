@@ -479,6 +479,7 @@ def test_summary_keys_and_goodput():
     assert report["rejected"] == 1 and report["unavailable"] == 1
     assert report["e2e_p99_s"] == 9.0 and report["e2e_p50_s"] == 1.0
     assert report["tpot_p50_s"] == pytest.approx(0.1)
+    assert report["tpot_p99_s"] == pytest.approx(8.9 / 9)  # the slow one
 
 
 # --- chat prompts ----------------------------------------------------------------------------
