@@ -285,6 +285,7 @@ def summarize(
         "ttft_p50_s": _pct(ttft, 0.50),
         "ttft_p99_s": _pct(ttft, 0.99),
         "tpot_p50_s": _pct(tpot, 0.50),
+        "tpot_p99_s": _pct(tpot, 0.99),
         "e2e_p50_s": _pct(e2e, 0.50),
         "e2e_p99_s": _pct(e2e, 0.99),
         "mean_batch_size": mean_batch_size,
@@ -327,7 +328,7 @@ def _format(report: dict[str, Any]) -> str:
         ),
         ("goodput", f"{report['goodput_per_s']:.2f} req/s within the SLO"),
         ("TTFT", f"mean {ms('ttft_mean_s')}, P50 {ms('ttft_p50_s')}, P99 {ms('ttft_p99_s')}"),
-        ("TPOT", f"mean {ms('tpot_mean_s')}, P50 {ms('tpot_p50_s')}"),
+        ("TPOT", f"mean {ms('tpot_mean_s')}, P50 {ms('tpot_p50_s')}, P99 {ms('tpot_p99_s')}"),
         ("ITL", f"mean {ms('itl_mean_s')}, P50 {ms('itl_p50_s')}, P99 {ms('itl_p99_s')}"),
         ("E2E", f"mean {ms('e2e_mean_s')}, P50 {ms('e2e_p50_s')}, P99 {ms('e2e_p99_s')}"),
         (
