@@ -143,6 +143,7 @@ def check(
         gpu_memory = torch.cuda.get_device_properties(torch.device(device)).total_memory
     else:
         gpu_memory = quantity_bytes("768Mi")
+    gpu_memory -= gpu_memory % 1024  # whole KiB: `wok budget` takes a quantity with a unit
     plan, budget_command = operator_budget(path, dtype=dtype, gpu_memory_bytes=gpu_memory)
 
     # (d) the runtime's load, as a pod loads: the pool from the operator's budget.
@@ -245,7 +246,7 @@ def operator_budget(path: Path, *, dtype: str, gpu_memory_bytes: int) -> tuple[d
             "--config",
             str(config),
             "--gpu-memory",
-            str(gpu_memory_bytes),
+            f"{gpu_memory_bytes // 1024}Ki",
             "--dtype",
             dtype,
             "--utilization",

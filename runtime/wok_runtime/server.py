@@ -78,7 +78,7 @@ def parse_priority_classes(text: str) -> dict[str, int]:
     classes: dict[str, int] = {}
     for item in text.split(","):
         name, sep, value = item.strip().partition("=")
-        if not sep or not name.strip() or not value.strip().lstrip("-").isdigit():
+        if not sep or not name.strip() or not value.strip().lstrip("-").isdecimal():
             raise ValueError(f"--priority-classes: expected NAME=INT[,NAME=INT…], got {text!r}")
         if int(value) < 0:
             raise ValueError(f"--priority-classes: priorities are >= 0, got {item!r}")
@@ -307,7 +307,7 @@ class Server:
         text = str(raw).strip()
         if text in self.config.priority_classes:
             return self.config.priority_classes[text]
-        if text.isdigit() and int(text) <= self.config.max_priority:
+        if text.isascii() and text.isdigit() and int(text) <= self.config.max_priority:
             return int(text)
         known = ", ".join(f"{k}={v}" for k, v in self.config.priority_classes.items())
         raise APIError(
@@ -629,7 +629,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_bytes:
+        if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
             error = self.too_large()
             answer = APIError(413, str(error.detail), code="request_too_large")
             await answer.response()(scope, receive, send)

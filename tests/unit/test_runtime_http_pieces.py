@@ -262,6 +262,10 @@ def test_the_lane_comes_from_the_body_or_the_lane_header_never_the_priority_head
     assert caught.value.status == 400
     with pytest.raises(APIError, match="a lane: online or batch"):
         server.route(_request({}), "bulk")
+    # Unicode digits that int() cannot read ("²" is a digit to str.isdigit) are a 400, not a 500.
+    with pytest.raises(APIError, match="unknown priority") as caught:
+        server.route(_request({}), "²")
+    assert caught.value.status == 400
 
 
 # --- stop strings ----------------------------------------------------------------------------
@@ -408,7 +412,7 @@ def test_priority_classes_and_server_config():
         "standard": 1,
         "batch": 2,
     }
-    for bad in ("a", "a=x", "=1", "a=-1"):
+    for bad in ("a", "a=x", "=1", "a=-1", "a=²"):
         with pytest.raises(ValueError):
             parse_priority_classes(bad)
     with pytest.raises(ValueError):
