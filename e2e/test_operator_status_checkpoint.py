@@ -11,12 +11,11 @@ import time
 import pytest
 import yaml
 from kubernetes import config as kube_config
-from operator_harness import install_crds, kubectl
+from operator_harness import install_crds, kubectl, stored_deployment
 
 from wok_operator.actuate import Kube
 from wok_operator.handlers import LoopMemo, OperatorConfig, ServiceTick, Shared
 from wok_operator.loop import PodView
-from wok_operator.resources import runtime_name
 from wok_operator.signals import Round, SignalsHub
 
 pytestmark = pytest.mark.e2e
@@ -58,21 +57,8 @@ def steady_service(wok_kubeconfig, wok_namespace):
             "metrics": {"prometheusUrl": URL},
         },
     }
-    labels = {"app": NAME}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": runtime_name(NAME), "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "runtime", "image": "wok-runtime"}]},
-            },
-        },
-    }
-    kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump_all([service, deployment]))
+    deployment = stored_deployment(NAME, 2)
+    kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump_all([service, deployment]))
     status = {"status": {"batchSize": 8, "replicas": 2}}
     kubectl(kc, "patch", "wis", NAME, "-n", ns, "--subresource=status", "--type=merge",
             "-p", yaml.safe_dump(status))  # fmt: skip
