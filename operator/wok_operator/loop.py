@@ -175,17 +175,24 @@ STATUS_HEARTBEAT_S = 60.0
 
 
 def status_digest(patch: dict[str, Any]) -> tuple[Any, ...]:
-    """What a change of must reach status at once: the knobs, the ready count, the memory plan
-    and each condition's status and reason. Not the figures that move every tick (the decision's
-    inputs, `controller.inFlightAt`, condition messages, the batch lane's estimate): the
-    heartbeat carries those."""
+    """What a change of must reach status at once: the knobs, the ready count, the memory plan,
+    each condition's status and reason, and whether the batch lane has a backlog and an estimate.
+    Not the figures that move every tick (the decision's inputs, `controller.inFlightAt`,
+    condition messages, the batch lane's estimate): the heartbeat carries those."""
     conditions = sorted(
         (c["type"], c["status"], c["reason"], c.get("observedGeneration"))
         for c in patch.get("conditions") or []
     )
     memory = sorted((patch.get("memory") or {}).items())
     knobs = (patch.get("batchSize"), patch.get("replicas"), patch.get("readyReplicas"))
-    return (*knobs, tuple(memory), tuple(conditions))
+    lane = patch.get("batchLane") or {}
+    # A backlog that appears or drains, or its first estimate; not the estimate as it moves.
+    backlog = (
+        bool(lane.get("requests")),
+        lane.get("estimatedSeconds") is not None,
+        lane.get("neededReplicas"),
+    )
+    return (*knobs, backlog, tuple(memory), tuple(conditions))
 
 
 def status_due(
