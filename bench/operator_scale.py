@@ -45,6 +45,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,7 +68,7 @@ from wok_cluster.apiserver import ControlPlane  # noqa: E402
 from wok_cluster.binaries import BUILT, Binaries, bin_dir, missing  # noqa: E402
 from wok_cluster.cluster import Cluster  # noqa: E402
 from wok_cluster.kubeapi import KubeApi  # noqa: E402
-from wok_cluster.process import processes_marked  # noqa: E402
+from wok_cluster.process import RUN_MARKER, processes_marked  # noqa: E402
 from wok_cluster.prometheus import Prometheus  # noqa: E402
 from wok_cluster.waiting import GiveUp, wait_until  # noqa: E402
 from wok_operator.resources import RUNTIME_PORT, SERVICE_LABEL  # noqa: E402
@@ -84,6 +85,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # which component a process of the run is, by its command line (first match)
 COMPONENTS = (
     ("pods", "runtime serve"),
+    ("pod-metrics-source", "emulated_pod_metrics"),
     ("operator", "operator run"),
     ("pod-backer", "dev backer"),
     ("kube-apiserver", "kube-apiserver"),
@@ -291,17 +293,27 @@ class Snapshot:
     at: float
     operator: dict[tuple[str, frozenset], float]
     prometheus: dict[tuple[str, frozenset], float]
+    apiserver: dict[tuple[str, frozenset], float]
     cpu: dict[int, tuple[str, float]]
     busy_s: float
     self_cpu_s: float
 
 
-def snapshot(operator: OperatorProcess, prometheus: Prometheus, run_marker: str) -> Snapshot:
+def snapshot(
+    operator: OperatorProcess, prometheus: Prometheus, run_marker: str, plane: ControlPlane
+) -> Snapshot:
     prom = httpx.get(f"{prometheus.url}/metrics", timeout=10).text
+    apiserver = httpx.get(
+        f"{plane.server}/metrics",
+        headers={"Authorization": f"Bearer {plane.tokens['admin']}"},
+        verify=str(plane.pki.ca_cert),
+        timeout=30,
+    ).text
     return Snapshot(
         at=time.monotonic(),
         operator=samples(operator.metrics()),
         prometheus=samples(prom),
+        apiserver=samples(apiserver),
         cpu=cpu_by_pid(run_marker),
         busy_s=machine_busy_seconds(),
         self_cpu_s=cpu_seconds(os.getpid()) or 0.0,
@@ -324,11 +336,14 @@ async def drive_and_measure(
     prometheus: Prometheus,
     pods: dict[str, list[str]],
     run_marker: str,
+    plane: ControlPlane,
 ) -> dict[str, Any]:
-    trickle = Trickle(pods, args.rate, args.prompt_len, args.output_len, seed=args.seed)
+    # Emulated pods answer no completions: their series come from the metrics source.
+    rate = 0.0 if args.emulated else args.rate
+    trickle = Trickle(pods if rate else {}, rate, args.prompt_len, args.output_len, seed=args.seed)
     stop = asyncio.Event()
     driver = asyncio.create_task(trickle.run(stop))
-    every_pod = [ip for ips in pods.values() for ip in ips]
+    every_pod = [ip for ips in pods.values() for ip in ips] if rate else []
     warm_started = time.monotonic()
     state: dict[str, dict[str, Any]] = {}
     try:
@@ -355,13 +370,13 @@ async def drive_and_measure(
         warmup_s = time.monotonic() - warm_started
         answered_before = Counter(trickle.answered)
         failed_before = sum(trickle.failed.values())
-        before = await asyncio.to_thread(snapshot, operator, prometheus, run_marker)
+        before = await asyncio.to_thread(snapshot, operator, prometheus, run_marker, plane)
         load: list[tuple[float, float, float]] = []
         end = before.at + args.measure_s
         while (left := end - time.monotonic()) > 0:
             load.append(os.getloadavg())
             await asyncio.sleep(min(5.0, left))
-        after = await asyncio.to_thread(snapshot, operator, prometheus, run_marker)
+        after = await asyncio.to_thread(snapshot, operator, prometheus, run_marker, plane)
         load.append(os.getloadavg())
         state_after = await asyncio.to_thread(active_services, api, args.pods)
         memory = memory_kib(operator.popen.pid)
@@ -433,6 +448,29 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
     engine -= total(pr_b, "prometheus_engine_query_duration_seconds_count", slice="inner_eval")
     cores = cpu_cores(before, after)
     intervals = wall / args.interval
+    ap_b, ap_a = before.apiserver, after.apiserver
+
+    def api_delta(name: str, **match: str) -> float:
+        return total(ap_a, name, **match) - total(ap_b, name, **match)
+
+    writes = sum(
+        api_delta("apiserver_request_total", verb=verb)
+        for verb in ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+    )
+    status_patches = api_delta(
+        "apiserver_request_total", verb="PATCH", resource="inferenceservices", subresource="status"
+    )
+    by_resource: Counter = Counter()
+    for (name, labels), value in ap_a.items():
+        fields = dict(labels)
+        if name == "apiserver_request_total" and fields.get("verb") not in ("GET", "LIST", "WATCH"):
+            key = f"{fields.get('verb')} {fields.get('resource')}/{fields.get('subresource', '')}"
+            by_resource[key] += value - ap_b.get((name, labels), 0.0)
+    engine_s = total(pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
+    engine_s -= total(pr_b, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
+    status_writes = total(op_a, "wok_operator_status_writes_total") - total(
+        op_b, "wok_operator_status_writes_total"
+    )
     load1 = [x[0] for x in m["load"]]
     answers = m["window_answers"]
     return {
@@ -467,6 +505,16 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "promql_requests_per_interval": round(http / intervals, 2),
         "promql_requests_per_round": round(http / rounds, 2) if rounds else None,
         "cpu_cores_by_component": cores,
+        "apiserver_writes_per_s": round(writes / wall, 2),
+        "apiserver_writes_by_resource": {k: round(v) for k, v in by_resource.most_common(12)},
+        "apiserver_status_patches_per_s": round(status_patches / wall, 3),
+        "status_writes_per_service_per_min": round(status_writes / args.services / wall * 60, 3),
+        "watch_events_per_s": round(api_delta("apiserver_watch_events_total") / wall, 2),
+        "watch_events_inferenceservices_per_s": round(
+            api_delta("apiserver_watch_events_total", resource="inferenceservices") / wall, 3
+        ),
+        "promql_requests_per_s": round(http / wall, 2),
+        "prometheus_query_engine_cores": round(engine_s / wall, 4),
         "pods_cpu_cores": cores.get("pods"),
         "bench_client_cpu_cores": round((after.self_cpu_s - before.self_cpu_s) / wall, 4),
         "machine_busy_cores": round((after.busy_s - before.busy_s) / wall, 3),
@@ -485,6 +533,24 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
     }
 
 
+def start_metrics_source(kubeconfig: Path, run_dir: Path, run_marker: str) -> subprocess.Popen:
+    """bench/emulated_pod_metrics.py for the namespace: every emulated pod's series and admin
+    API, on the pod's own IP (it is stopped with the run's other processes, by its marker)."""
+    with (run_dir / "pod-metrics.log").open("ab") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                str(BENCH / "emulated_pod_metrics.py"),
+                f"--kubeconfig={kubeconfig}",
+                f"--namespace={NAMESPACE}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, RUN_MARKER: run_marker},
+            start_new_session=True,
+        )
+
+
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if missing(BUILT):
         raise SystemExit(f"{missing(BUILT)} not built in {bin_dir()}: run e2e/cluster/build.sh")
@@ -494,8 +560,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     run_marker = str(run_dir)
     pods_total = args.services * args.pods
     plane = ControlPlane(run_dir, Binaries(bin_dir()))
-    cluster = Cluster(plane, nodes=max(2, math.ceil(pods_total / 16)), gpus_per_node=16)
-    prometheus = Prometheus(plane, run_dir / "prometheus", interval=SCRAPE_INTERVAL)
+    cluster = Cluster(plane, nodes=max(2, math.ceil(pods_total / 32)), gpus_per_node=32)
+    prometheus = Prometheus(plane, run_dir / "prometheus", interval=args.scrape_interval)
     operator: OperatorProcess | None = None
     print(f"run files in {run_dir}", file=sys.stderr, flush=True)
     try:
@@ -507,8 +573,16 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         kubectl(kc, "create", "namespace", NAMESPACE)
         docs = [inference_service(f"s{i:03d}", args) for i in range(args.services)]
         kubectl(kc, "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump_all(docs))
+        if args.emulated:
+            start_metrics_source(kc, run_dir, run_marker)
         operator = OperatorProcess(
-            kc, NAMESPACE, prometheus.url, run_dir / "operator.log", run_marker=run_marker
+            kc,
+            NAMESPACE,
+            prometheus.url,
+            run_dir / "operator.log",
+            run_marker=run_marker,
+            # Emulated pods: KWOK plays their kubelet, the metrics source their runtime.
+            extra_args=["--pod-label=wok.dev/backed=false"] if args.emulated else (),
         )
         operator.wait_live()
         applied = time.monotonic()
@@ -525,7 +599,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             pods = wait_until(all_ready, timeout=args.ready_timeout_s, what="pods", interval=5)
             pods_ready_s = time.monotonic() - applied
             measured = asyncio.run(
-                drive_and_measure(args, api, operator, prometheus, pods, run_marker)
+                drive_and_measure(args, api, operator, prometheus, pods, run_marker, plane)
             )
             window = measured["after"].at - measured["before"].at
         out = figures(args, measured, pods_total)
@@ -660,6 +734,73 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
     return "\n".join(lines) + "\n"
 
 
+def scale_table(results: list[dict[str, Any]]) -> str:
+    """bench/results/operator_scale.md: emulated runs side by side, by the number of services."""
+    results = sorted(results, key=lambda r: r["services"])
+
+    def row(label: str, cell: Any) -> str:
+        return f"| {label} | " + " | ".join(cell(r) for r in results) + " |"
+
+    def cores(r: dict[str, Any], name: str) -> str:
+        value = r["cpu_cores_by_component"].get(name)
+        return "–" if value is None else f"{value:.3f}"
+
+    lines = [
+        "# Operator scale: emulated pods, a real apiserver, Prometheus and operator",
+        "",
+        "Every InferenceService has one KWOK-emulated pod; one process "
+        "(`bench/emulated_pod_metrics.py`) serves every pod's series of the runtime's metric "
+        "contract on the pod's own IP, moving with time; Prometheus finds the pods through "
+        "Kubernetes discovery and labels them itself; the real operator (`wok operator run "
+        "--standalone`) runs its usual round. Figures over the measure window, after every "
+        "service reads its signals (`--measure-s`).",
+        "",
+        "| | " + " | ".join(f"{r['services']} services" for r in results) + " |",
+        "|---|" + "---|" * len(results),
+        row("control interval", lambda r: f"{r['interval_s']} s"),
+        row("measured", lambda r: f"{r['measured_s']:.0f} s"),
+        row("services reading signals (end)", lambda r: str(r["services_active_at_end"])),
+        row("operator CPU", lambda r: f"{r['operator_cpu_cores']:.3f} cores"),
+        row(
+            "operator RSS (peak)",
+            lambda r: f"{r['operator_rss_mib']:.0f} ({r['operator_rss_peak_mib']:.0f}) MiB",
+        ),
+        row(
+            "ticks per service per interval", lambda r: f"{r['ticks_per_service_per_interval']:.2f}"
+        ),
+        row("tick P50", lambda r: ms(r["tick_p50_s"])),
+        row("tick P99", lambda r: ms(r["tick_p99_s"])),
+        row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
+        row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
+        row("Prometheus query engine", lambda r: f"{r['prometheus_query_engine_cores']:.4f} cores"),
+        row("Prometheus process CPU (scrapes too)", lambda r: f"{cores(r, 'prometheus')} cores"),
+        row(
+            "status writes per service per minute",
+            lambda r: f"{r['status_writes_per_service_per_min']:.3f}",
+        ),
+        row(
+            "InferenceService status PATCHes/s",
+            lambda r: f"{r['apiserver_status_patches_per_s']:.3f}",
+        ),
+        row("apiserver writes/s (all clients)", lambda r: f"{r['apiserver_writes_per_s']:.2f}"),
+        row("watch events/s (all)", lambda r: f"{r['watch_events_per_s']:.2f}"),
+        row(
+            "watch events/s (InferenceServices)",
+            lambda r: f"{r['watch_events_inferenceservices_per_s']:.3f}",
+        ),
+        row("kube-apiserver CPU", lambda r: f"{cores(r, 'kube-apiserver')} cores"),
+        row("metrics source CPU", lambda r: f"{cores(r, 'pod-metrics-source')} cores"),
+        row("machine busy cores (of 2)", lambda r: f"{r['machine_busy_cores']:.2f}"),
+        row("load average (1 min, median)", lambda r: f"{r['load1_median']:.2f}"),
+        "",
+        "Commands (each run also writes its JSON next to this file):",
+        "",
+        *[f"    {r['command']}" for r in results],
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--services", type=int, default=50)
@@ -676,8 +817,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout-s", type=float, default=900.0)
     p.add_argument("--deadline-s", type=int, default=2400, help="the whole run, at most")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--emulated",
+        action="store_true",
+        help="KWOK-emulated pods whose series come from one metrics source "
+        "(bench/emulated_pod_metrics.py), not runtime processes",
+    )
+    p.add_argument("--scrape-interval", default=SCRAPE_INTERVAL, help="Prometheus' (e.g. 15s)")
     p.add_argument("--keep", action="store_true", help="keep the run's files (logs)")
     p.add_argument("--render", action="store_true", help="only rewrite .md from .json (+ notes)")
+    p.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        help="emulated runs' JSON → bench/results/operator_scale.md",
+    )
     p.add_argument("--note", action="append", default=[], help="a line for the notes")
     p.add_argument("--out", type=Path, default=RESULTS / "operator_scale_active")
     args = p.parse_args(argv)
@@ -685,6 +839,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
 
+    if args.table:
+        results = [json.loads(path.read_text()) for path in args.table]
+        (RESULTS / "operator_scale.md").write_text(scale_table(results))
+        return 0
     if args.render:  # the figures as they are, with --note lines added
         result = json.loads(args.out.with_suffix(".json").read_text())
         result["notes"] = [*result.get("notes", []), *args.note]
@@ -706,6 +864,8 @@ def main(argv: list[str] | None = None) -> int:
 def write(out: Path, result: dict[str, Any]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if result.get("settings", {}).get("emulated"):
+        return 0  # `--table` renders emulated runs side by side
     paused_file = RESULTS / "operator_scale.json"
     paused = json.loads(paused_file.read_text()) if paused_file.exists() else None
     markdown = write_markdown(result, paused, out.with_suffix(".json").name)

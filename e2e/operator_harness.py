@@ -23,6 +23,7 @@ from wok_cluster.binaries import kubectl_path
 from wok_cluster.netutil import free_port
 from wok_cluster.process import RUN_MARKER
 from wok_cluster.waiting import GiveUp, wait_until
+from wok_operator.resources import runtime_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "wok.dev_inferenceservices.yaml"
@@ -171,6 +172,24 @@ class OperatorProcess:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def stored_deployment(service: str, replicas: int) -> dict[str, Any]:
+    """A runtime Deployment as the operator would name it, only stored (no controller runs it)."""
+    labels = {"app": service}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": runtime_name(service)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "runtime", "image": "wok-runtime"}]},
+            },
+        },
+    }
 
 
 def install_crds(kubeconfig: Path) -> None:

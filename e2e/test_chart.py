@@ -21,6 +21,8 @@ from operator_harness import (
     wait_for,
 )
 
+from wok_operator.loop import STATUS_HEARTBEAT_S
+
 pytestmark = pytest.mark.e2e
 
 CHART = ROOT / "charts" / "wok"
@@ -76,6 +78,12 @@ def test_lint_and_render(wok_binaries):
     docs = helm_template(helm, "wok-system", *monitored)
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
     assert rule["spec"] == yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    # The recording rules, on request, in a PrometheusRule of their own, as they are.
+    assert [d["kind"] for d in docs].count("PrometheusRule") == 1
+    docs = helm_template(helm, "wok-system", *monitored, "recordingRules.enabled=true")
+    rules = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PrometheusRule"}
+    recording = yaml.safe_load((CHART / "files" / "recording_rules.yaml").read_text())
+    assert rules == {"wok": rule["spec"], "wok-recording": recording}
     assert any(d["kind"] == "PodMonitor" for d in docs)
     # A single acting replica cannot be configured away: two without an election do not render.
     with pytest.raises(AssertionError, match=r"needs leaderElection\.enabled"):
@@ -163,23 +171,13 @@ def test_chart_rbac_runs_two_replicas_end_to_end_and_grants_no_more(
             "the runtime pod is ready",
             120,
         )
-        # A decided replica count the Deployment does not have yet: the loop scales it.
-        kubectl(
-            kc,
-            "patch",
-            "wis",
-            "chart",
-            "-n",
-            ns,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            '{"status": {"replicas": 2}}',
-        )
+        # A Deployment scaled by hand: on its status heartbeat the loop rereads the count and
+        # scales it back to the law's through deployments/scale.
+        kubectl(kc, "scale", "deployment", "chart-runtime", "-n", ns, "--replicas=2")
         wait_for(
-            lambda: get_json(kc, "deployment", "chart-runtime", "-n", ns)["spec"]["replicas"] == 2,
-            "scaled through deployments/scale",
-            60,
+            lambda: get_json(kc, "deployment", "chart-runtime", "-n", ns)["spec"]["replicas"] == 1,
+            "scaled back through deployments/scale",
+            STATUS_HEARTBEAT_S + 30,
         )
         time.sleep(3)  # ticks: status, events, the admin token read, batch pushes
         logs = first.log.read_text() + second.log.read_text()

@@ -10,7 +10,7 @@ import logging
 import pytest
 import yaml
 from kubernetes import config as kube_config
-from operator_harness import install_crds, kubectl
+from operator_harness import install_crds, kubectl, stored_deployment
 
 from wok_operator.actuate import Kube
 from wok_operator.control import Decision, LoopState
@@ -58,21 +58,8 @@ def owned_service(wok_kubeconfig, wok_namespace):
             "scaling": {"replicas": "external"},
         },
     }
-    labels = {"app": NAME}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": runtime_name(NAME), "namespace": ns},
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "runtime", "image": "wok-runtime"}]},
-            },
-        },
-    }
-    kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump_all([service, deployment]))
+    deployment = stored_deployment(NAME, 3)
+    kubectl(kc, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump_all([service, deployment]))
     api_client = kube_config.new_client_from_config(str(kc))
     try:
         yield kc, ns, Kube.from_api_client(api_client)

@@ -23,16 +23,20 @@ from wok_operator import metrics
 from wok_operator.actuate import Kube, push_batch_size
 from wok_operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from wok_operator.budget import MemoryBudget, plan_for_spec, sequence_length
-from wok_operator.control import Decision, LawParams
+from wok_operator.control import Decision, LawParams, LoopState
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
     PodView,
     TickResult,
     control_tick,
     decision_status,
+    heartbeat_due,
     memory_status,
     pod_view,
+    resume_state,
     state_from_status,
+    status_digest,
+    status_due,
     with_batch_lane,
     with_kv_budget,
 )
@@ -47,8 +51,6 @@ from wok_operator.resources import (
     selector_text,
 )
 from wok_operator.signals import ServiceSignals, SignalsHub
-
-STATUS_HEARTBEAT_S = 60.0
 
 
 @dataclass
@@ -212,11 +214,15 @@ def reconcile(
 
 @dataclass
 class LoopMemo:
-    """Per-service, per-process: what each pod has confirmed, and what status last said."""
+    """Per-service, per-process: the law's state, what each pod has confirmed, and what status
+    last said. Status is the state's checkpoint, read back only while `state` is None: when this
+    process starts, which is also when a replica becomes the leader (one that loses the lease
+    exits, `leader.py`)."""
 
+    state: LoopState | None = None
     applied: dict[str, int] = field(default_factory=dict)  # pod uid → batch size confirmed
-    last_written: dict[str, Any] = field(default_factory=dict)
-    last_write_at: float = 0.0
+    last_digest: tuple[Any, ...] | None = None  # `loop.status_digest` of the last write
+    last_write_at: float | None = None  # time.monotonic() of the last status write
     scaled_to: int | None = None  # the replica count the Deployment was last seen or set at
 
 
@@ -281,7 +287,7 @@ class ServiceTick:
         params = LawParams.from_spec(spec, batch_mem=plan.max_batch_size)
         result = control_tick(
             spec,
-            state_from_status(status, spec, params),
+            resume_state(self.memo.state, status, spec, params),
             signals,
             pods,
             batch_mem=plan.max_batch_size,
@@ -292,6 +298,7 @@ class ServiceTick:
         heartbeat = await self.record(status, plan, result, metrics_error)
         external = spec.scaling.replicas == "external"
         await self.act(result.decision, pods, heartbeat=heartbeat, external=external)
+        self.memo.state = result.decision.state  # the tick is done: the next one starts here
 
     async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None]:
         url = spec.metrics.prometheus_url or self.wok.config.prometheus_url
@@ -335,14 +342,19 @@ class ServiceTick:
         if result.backlog is not None:
             patch = with_batch_lane(patch, result.backlog, now=now)
         patch["memory"] = memory_status(plan)
-        comparable = {
-            **{k: v for k, v in patch.items() if k != "lastDecision"},
-            "why": decision.reason,
-        }
-        heartbeat = time.monotonic() - self.memo.last_write_at > STATUS_HEARTBEAT_S
-        if decision.changed or comparable != self.memo.last_written or heartbeat:
+        digest = status_digest(patch)
+        last = self.memo.last_write_at
+        since_write = None if last is None else time.monotonic() - last
+        heartbeat = heartbeat_due(since_write)
+        if status_due(
+            digest,
+            self.memo.last_digest,
+            decided_change=decision.changed,
+            since_write_s=since_write,
+        ):
             await asyncio.to_thread(self.wok.kube.patch_status, self.name, self.namespace, patch)
-            self.memo.last_written, self.memo.last_write_at = comparable, time.monotonic()
+            self.memo.last_digest, self.memo.last_write_at = digest, time.monotonic()
+            metrics.STATUS_WRITES.inc()
         for knob, before, after in (
             ("batch", decision.batch_before, decision.batch),
             ("replicas", decision.replicas_before, decision.replicas),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -151,6 +151,65 @@ def state_from_status(
         replicas=replicas,
         **memory.model_dump(),
     )
+
+
+def resume_state(
+    held: LoopState | None,
+    status: dict[str, Any] | None,
+    spec: InferenceServiceSpec,
+    params: LawParams,
+) -> LoopState:
+    """The law's state for this tick: the one the operator holds in memory, or, on start (a new
+    process, which is also how a new leader begins: `leader.py`), the last checkpoint in status.
+    Status is never read back while memory holds the state, so a watch that lags behind the last
+    write cannot hand the law an older state."""
+    if held is None:
+        return state_from_status(status, spec, params)
+    if spec.scaling.replicas == "external":
+        return replace(held, replicas=params.replicas_floor)  # the owner's latest count
+    return held
+
+
+#: Status is a checkpoint: written when a decision or a condition changes, else at this period.
+STATUS_HEARTBEAT_S = 60.0
+
+
+def status_digest(patch: dict[str, Any]) -> tuple[Any, ...]:
+    """What a change of must reach status at once: the knobs, the ready count, the memory plan,
+    each condition's status and reason, and whether the batch lane has a backlog and an estimate.
+    Not the figures that move every tick (the decision's inputs, `controller.inFlightAt`,
+    condition messages, the batch lane's estimate): the heartbeat carries those."""
+    conditions = sorted(
+        (c["type"], c["status"], c["reason"], c.get("observedGeneration"))
+        for c in patch.get("conditions") or []
+    )
+    memory = sorted((patch.get("memory") or {}).items())
+    knobs = (patch.get("batchSize"), patch.get("replicas"), patch.get("readyReplicas"))
+    lane = patch.get("batchLane") or {}
+    # A backlog that appears or drains, or its first estimate; not the estimate as it moves.
+    backlog = (
+        bool(lane.get("requests")),
+        lane.get("estimatedSeconds") is not None,
+        lane.get("neededReplicas"),
+    )
+    return (*knobs, backlog, tuple(memory), tuple(conditions))
+
+
+def status_due(
+    digest: tuple[Any, ...],
+    last_digest: tuple[Any, ...] | None,
+    *,
+    decided_change: bool,
+    since_write_s: float | None,
+    heartbeat_s: float = STATUS_HEARTBEAT_S,
+) -> bool:
+    """Whether this tick writes status: a changed decision or digest, the heartbeat, or the first
+    tick of this process (`since_write_s` None: nothing written yet)."""
+    return heartbeat_due(since_write_s, heartbeat_s) or decided_change or digest != last_digest
+
+
+def heartbeat_due(since_write_s: float | None, heartbeat_s: float = STATUS_HEARTBEAT_S) -> bool:
+    return since_write_s is None or since_write_s >= heartbeat_s
 
 
 def memory_status(plan: MemoryBudget) -> dict[str, int]:

@@ -22,6 +22,11 @@ CONTROL_LOOP_SECONDS = Histogram(
 PROMQL_REQUESTS = Counter(
     "wok_operator_promql_requests", "PromQL queries sent (one round serves every service)"
 )
+STATUS_WRITES = Counter(
+    "wok_operator_status_writes",
+    "InferenceService status patches (a checkpoint: on a change of decision or condition, or the "
+    "heartbeat)",
+)
 LEADER = Gauge("wok_operator_leader", "1 on the replica that acts (holds the Lease); 0 on standbys")
 
 # Per InferenceService, for the SLO alerts. Not `namespace`/`service`: Prometheus' pod relabelling

@@ -3,8 +3,10 @@
 Each query aggregates `by (namespace, service)`, so a tick for N services costs a constant number
 of requests, not N. `SignalsHub` shares a round between the control loops of all services that
 read the same Prometheus: the first loop to find the last round older than its interval fetches a
-new one, the others reuse it. The metric names are the runtime's (`wok_runtime.metrics`); a test
-checks that every one named here is really exported.
+new one, the others reuse it. A round's queries run a few at a time (`QUERY_POOL`); where the
+chart's recording rules run (`recording_rules`), the hour-long quantiles are read from their
+recorded series instead of being computed at every round. The metric names are the runtime's
+(`wok_runtime.metrics`); a test checks that every one named here is really exported.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import math
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,35 +50,119 @@ KV_DEVICE_SELECTOR = '{device="cuda"}'
 KV_BUDGET_TOLERANCE = 0.10
 
 
+#: Queries of one round in flight at once: the round takes about its slowest query instead of
+#: the sum of all, and Prometheus' query concurrency (20 by default) keeps room for others.
+QUERY_POOL = 4
+
 #: The SLO's quantile, and the one that keeps half its error budget (0.5 % of requests missed).
 SLO_QUANTILE = 0.99
 HALF_BUDGET_QUANTILE = 0.995
 
 
+def slo_buckets(histogram: str, window: str, *, misses_count: bool) -> str:
+    """The bucket rates of one service's histogram, by (namespace, service, le); with
+    `misses_count`, a rejected or timed-out request joins the +Inf bucket: it never gets a first
+    or last token, but it is a miss, so overload reads as a breach instead of as a shorter
+    histogram."""
+    rates = f"rate({histogram}_bucket[{window}])"
+    if misses_count:
+        # A union of per-pod series, summed once: the bucket rate() is evaluated once, and a
+        # service whose pods export no rejection counter keeps its plain histogram. The `miss`
+        # label keeps a rejection series apart from the pod's own +Inf bucket in the union.
+        misses = f'label_replace(rate({REJECTED}[{window}]), "le", "+Inf", "", "")'
+        rates = f'{rates} or label_replace({misses}, "miss", "rejected", "", "")'
+    return f"sum by ({GROUP}, le) ({rates})"
+
+
 def _p99(histogram: str, window: str, *, misses_count: bool, q: float = SLO_QUANTILE) -> str:
-    buckets = f"sum by ({GROUP}, le) (rate({histogram}_bucket[{window}]))"
-    if not misses_count:
-        return f"histogram_quantile({q:g}, {buckets})"
-    # A rejected or timed-out request never gets a first or last token, but it is a miss: it
-    # joins the +Inf bucket, so overload reads as a breach instead of as a shorter histogram.
-    misses = f'label_replace(sum by ({GROUP}) (rate({REJECTED}[{window}])), "le", "+Inf", "", "")'
-    return f"histogram_quantile({q:g}, ({buckets} + on ({GROUP}, le) {misses}) or {buckets})"
+    return f"histogram_quantile({q:g}, {slo_buckets(histogram, window, misses_count=misses_count)})"
 
 
-def _slo_p99s(window: int, q: float = SLO_QUANTILE) -> dict[str, str]:
+#: The SLO histograms by signal-name suffix, and whether a rejected request counts as a miss.
+SLO_HISTOGRAMS = {"": (E2E_LATENCY, True), "_ttft": (TTFT, True), "_tpot": (TPOT, False)}
+
+# --- recording rules (charts/wok/files/recording_rules.yaml is `recording_rules()`) --------------
+#: The windows the shipped recording rules cover, by their name in a recorded series: the
+#: default budget window, whose bucket rates over an hour are the round's dearest queries.
+RECORDED_WINDOWS = {3600: "1h"}
+#: How often the recording rules run: a recorded quantile is at most this old.
+RECORDING_INTERVAL = "30s"
+#: How long the hub trusts its finding that the recorded series exist (or do not).
+RECORDED_CHECK_S = 300.0
+
+
+def _metric_id(histogram: str) -> str:
+    return histogram.replace(":", "_")
+
+
+def recorded_buckets(histogram: str, window: int, *, misses_count: bool) -> str:
+    """The name of a recorded `slo_buckets` series (level:metric:operations, Prometheus' rule
+    naming)."""
+    misses = "_with_misses" if misses_count else ""
+    metric = f"{_metric_id(histogram)}_bucket{misses}"
+    return f"namespace_service_le:{metric}:rate{RECORDED_WINDOWS[window]}"
+
+
+def recorded_quantile(histogram: str, window: int, q: float) -> str:
+    digits = f"{q:g}".removeprefix("0.")
+    return f"namespace_service:{_metric_id(histogram)}:p{digits}_{RECORDED_WINDOWS[window]}"
+
+
+def recording_rules() -> dict[str, Any]:
+    """The recording rules the chart ships (pure): each recorded window's bucket rates, and its
+    SLO quantiles from them, evaluated once per `RECORDING_INTERVAL` instead of at every round."""
+    rules: list[dict[str, str]] = []
+    for window in sorted(RECORDED_WINDOWS):
+        for histogram, misses_count in SLO_HISTOGRAMS.values():
+            buckets = recorded_buckets(histogram, window, misses_count=misses_count)
+            w = f"{window}s"
+            rules.append(
+                {"record": buckets, "expr": slo_buckets(histogram, w, misses_count=misses_count)}
+            )
+            for q in (SLO_QUANTILE, HALF_BUDGET_QUANTILE):
+                rules.append(
+                    {
+                        "record": recorded_quantile(histogram, window, q),
+                        "expr": f"histogram_quantile({q:g}, {buckets})",
+                    }
+                )
+    return {"groups": [{"name": "wok.slo-windows", "interval": RECORDING_INTERVAL, "rules": rules}]}
+
+
+def recorded_probe() -> str:
+    """One query whose answer is not empty when the recorded quantiles exist in Prometheus."""
+    names = "|".join(
+        recorded_quantile(histogram, window, SLO_QUANTILE)
+        for window in sorted(RECORDED_WINDOWS)
+        for histogram, _ in SLO_HISTOGRAMS.values()
+    )
+    return f'topk(1, {{__name__=~"{names}"}})'
+
+
+def _slo_p99s(window: int, q: float = SLO_QUANTILE, *, recorded: bool = False) -> dict[str, str]:
     """The three SLO quantiles over one window (misses counted where the SLO counts them),
-    named p99 for the SLO's own quantile and p995 for the half-budget one."""
+    named p99 for the SLO's own quantile and p995 for the half-budget one; with `recorded`, the
+    recording rules' series where they cover the window."""
     w, name = f"{window}s", "p99" if q == SLO_QUANTILE else "p995"
+    if recorded and window in RECORDED_WINDOWS:
+        return {
+            f"{name}{suffix}:{window}": recorded_quantile(histogram, window, q)
+            for suffix, (histogram, _) in SLO_HISTOGRAMS.items()
+        }
     return {
-        f"{name}:{window}": _p99(E2E_LATENCY, w, misses_count=True, q=q),
-        f"{name}_ttft:{window}": _p99(TTFT, w, misses_count=True, q=q),
-        f"{name}_tpot:{window}": _p99(TPOT, w, misses_count=False, q=q),
+        f"{name}{suffix}:{window}": _p99(histogram, w, misses_count=misses_count, q=q)
+        for suffix, (histogram, misses_count) in SLO_HISTOGRAMS.items()
     }
 
 
-def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) -> dict[str, str]:
+def round_queries(
+    windows: Iterable[int], budget_windows: Iterable[int] = (), *, recorded: bool = False
+) -> dict[str, str]:
     """Every PromQL query of one round, by signal name (pure): every signal over each SLO
-    window, and the three SLO P99s and P99.5s over each budget window."""
+    window, and the three SLO P99s and P99.5s over each budget window; with `recorded` (the
+    chart's recording rules run in this Prometheus), the recorded series where they cover a
+    window, else the raw PromQL."""
+    windows = set(windows)
     queries = {
         "waiting": f"sum by ({GROUP}) ({WAITING})",
         "running": f"sum by ({GROUP}) ({RUNNING})",
@@ -86,7 +173,7 @@ def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) ->
     }
     for window in sorted(set(windows)):
         w = f"{window}s"
-        queries |= _slo_p99s(window)
+        queries |= _slo_p99s(window, recorded=recorded)
         queries[f"p99_service:{window}"] = _p99(INFERENCE_TIME, w, misses_count=False)
         queries[f"mean_tokens:{window}"] = (
             f"(sum by ({GROUP}) (rate({PROMPT_TOKENS}[{w}]))"
@@ -97,8 +184,8 @@ def round_queries(windows: Iterable[int], budget_windows: Iterable[int] = ()) ->
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
     for window in sorted(set(budget_windows)):
         if window not in windows:
-            queries |= _slo_p99s(window)
-        queries |= _slo_p99s(window, HALF_BUDGET_QUANTILE)
+            queries |= _slo_p99s(window, recorded=recorded)
+        queries |= _slo_p99s(window, HALF_BUDGET_QUANTILE, recorded=recorded)
     queries |= batch_lane_queries(windows)
     queries |= kv_budget_queries()
     return queries
@@ -223,8 +310,12 @@ def farthest_from_one(*ratios: float | None) -> float | None:
     return max(known, key=lambda r: abs(r - 1.0)) if known else None
 
 
-def fetch_round(url: str, queries: dict[str, str], timeout_s: float = 5.0) -> Round:
-    """One round of `round_queries` against `url` (blocking: run it in a thread)."""
+def fetch_round(
+    url: str, queries: dict[str, str], timeout_s: float = 5.0, *, concurrency: int = QUERY_POOL
+) -> Round:
+    """One round of `round_queries` against `url`, at most `concurrency` queries in flight
+    (blocking: run it in a thread). The first failure fails the round; queries not yet sent are
+    dropped."""
     from prometheus_api_client import PrometheusConnect
     from urllib3.util.retry import Retry
 
@@ -233,15 +324,26 @@ def fetch_round(url: str, queries: dict[str, str], timeout_s: float = 5.0) -> Ro
     client = PrometheusConnect(
         url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s + 1.0
     )
-    vectors: dict[str, dict[ServiceKey, float]] = {}
+
+    def query(text: str) -> dict[ServiceKey, float]:
+        return parse_vector(client.custom_query(text, params={"timeout": f"{timeout_s:g}s"}))
+
     started = time.monotonic()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(queries))))
     try:
-        for name, query in queries.items():
-            result = client.custom_query(query, params={"timeout": f"{timeout_s:g}s"})
-            vectors[name] = parse_vector(result)
+        vectors = dict(zip(queries, pool.map(query, queries.values()), strict=True))
     except Exception as error:  # any failure means "no data": the law then holds
         return Round(fetched_at=started, vectors={}, error=f"{type(error).__name__}: {error}")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return Round(fetched_at=started, vectors=vectors)
+
+
+def fetch_recorded(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether the chart's recording rules run in the Prometheus at `url` (blocking): their
+    quantiles exist. Unknown (an error) reads as no: the raw PromQL answers either way."""
+    rnd = fetch_round(url, {"recorded": recorded_probe()}, timeout_s)
+    return rnd.error is None and bool(rnd.vectors["recorded"])
 
 
 @dataclass
@@ -251,6 +353,8 @@ class SignalsHub:
     windows: set[int] = field(default_factory=lambda: {60})
     budget_windows: set[int] = field(default_factory=set)
     rounds: dict[str, Round] = field(default_factory=dict)
+    # Per Prometheus: whether the recording rules run there, and when that was last checked.
+    recorded: dict[str, tuple[bool, float]] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     async def get(
@@ -271,9 +375,20 @@ class SignalsHub:
                 self.windows.add(window)
                 if budget_window is not None:
                     self.budget_windows.add(budget_window)
-                queries = round_queries(self.windows, self.budget_windows)
+                recorded = await self._recorded(url)
+                queries = round_queries(self.windows, self.budget_windows, recorded=recorded)
                 current = await asyncio.to_thread(fetch_round, url, queries)
                 PROMQL_REQUESTS.inc(len(queries))
                 self.rounds[url] = current
             assert current is not None
             return current
+
+    async def _recorded(self, url: str) -> bool:
+        """Whether the rounds at `url` read the recorded series: checked every
+        `RECORDED_CHECK_S`, so rules installed (or removed) later are picked up."""
+        found = self.recorded.get(url)
+        if found is None or time.monotonic() - found[1] >= RECORDED_CHECK_S:
+            found = (await asyncio.to_thread(fetch_recorded, url), time.monotonic())
+            PROMQL_REQUESTS.inc()
+            self.recorded[url] = found
+        return found[0]

@@ -17,7 +17,11 @@ FILES = Path(__file__).resolve().parents[2] / "charts" / "wok" / "files"
 
 @pytest.mark.parametrize(
     "command",
-    [["check", "rules", FILES / "alerts.yaml"], ["test", "rules", FILES / "alerts_test.yaml"]],
+    [
+        ["check", "rules", FILES / "alerts.yaml"],
+        ["test", "rules", FILES / "alerts_test.yaml"],
+        ["check", "rules", FILES / "recording_rules.yaml"],
+    ],
 )
 def test_promtool_accepts_the_rules_and_their_tests(command: list[object]) -> None:
     assert shutil.which("promtool"), "promtool is needed (Debian's prometheus): make tools"

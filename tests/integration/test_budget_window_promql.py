@@ -10,9 +10,19 @@ from pathlib import Path
 import pytest
 from promql_harness import assert_promql
 
-from wok_operator.signals import REJECTED, TTFT, Round, parse_vector, round_queries
+from wok_operator.signals import (
+    E2E_LATENCY,
+    REJECTED,
+    TPOT,
+    TTFT,
+    Round,
+    parse_vector,
+    round_queries,
+)
 
 pytestmark = pytest.mark.integration
+
+RECORDING_RULES = Path(__file__).resolve().parents[2] / "charts/wok/files/recording_rules.yaml"
 
 LABELS = 'namespace="ns",service="llm",pod="a",model_name="m"'
 SLO_S = 2.0
@@ -100,3 +110,27 @@ def test_the_half_budget_quantile_reads_past_the_slo_while_under_1_percent_misse
     )
     signals = rnd.signals(("ns", "llm"), 60, 3600)
     assert (signals.budget_p99_ttft_seconds, signals.budget_p995_ttft_seconds) == (1.0, 2.9)
+
+
+def test_the_recorded_quantiles_read_what_the_raw_promql_reads(tmp_path: Path) -> None:
+    """The recording rules over the same input: each recorded quantile the round reads equals
+    its raw query, misses counted where the SLO counts them."""
+    series = [
+        {"series": f'{histogram}_bucket{{{LABELS},le="{le}"}}', "values": values}
+        for histogram in (TTFT, TPOT, E2E_LATENCY)
+        for le, values in BUCKETS.items()
+    ]
+    series.append({"series": f"{REJECTED}{{{LABELS}}}", "values": "0+3x70"})
+    raw = round_queries([60], [3600])
+    recorded = round_queries([60], [3600], recorded=True)
+    tests = [
+        {
+            "expr": f"({recorded[name]}) - ({raw[name]})",
+            "eval_time": "70m",
+            "exp_samples": [{"labels": '{namespace="ns",service="llm"}', "value": 0}],
+        }
+        for name in raw
+        if raw[name] != recorded[name]
+    ]
+    assert len(tests) == 6
+    assert_promql(tmp_path, series, tests, rule_files=[RECORDING_RULES])

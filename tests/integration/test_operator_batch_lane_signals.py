@@ -6,8 +6,6 @@ opt-in, and does with it."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from runtime_harness import RuntimeServer, free_port, start_server
+from promql_harness import running_prometheus
+from runtime_harness import RuntimeServer, start_server
 
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.control import LawParams
@@ -42,8 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory, server: RuntimeServer) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    assert binary, "Prometheus is needed (Debian's prometheus): make tools"
     run_dir: Path = tmp_path_factory.mktemp("prometheus")
     target = server.url.removeprefix("http://")
     config = {
@@ -59,36 +55,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, server: RuntimeServer) 
             }
         ],
     }
-    (run_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    with (run_dir / "prometheus.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={run_dir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={run_dir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (run_dir / "prometheus.log").read_text()
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=2).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "prometheus never became ready"
-            time.sleep(0.2)
+    with running_prometheus(run_dir, config) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def signals_until(url: str, ready: object, *, timeout: float = 60.0) -> ServiceSignals:

@@ -1,0 +1,127 @@
+"""Status is the law's checkpoint: a steady service writes it once a heartbeat, a changed
+decision or condition writes at once, and the law's state is read back from status only when
+the operator holds none (a new process, which is also a new leader)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from wok_operator.api import InferenceServiceSpec
+from wok_operator.budget import plan_for_spec
+from wok_operator.control import LawParams, LoopState
+from wok_operator.loop import (
+    STATUS_HEARTBEAT_S,
+    PodView,
+    control_tick,
+    decision_status,
+    memory_status,
+    resume_state,
+    status_digest,
+    status_due,
+    with_kv_budget,
+)
+from wok_operator.signals import ServiceSignals
+
+SPEC = InferenceServiceSpec.model_validate(
+    {
+        "scaling": {"minReplicas": 2},
+        "runtime": {"gpuMemory": "256Mi", "gpusPerPod": 1},
+        "memory": {"maxModelLen": 512, "reserve": "16Mi"},
+        "model": {"dtype": "float32"},
+        "slo": {"ttftP99Seconds": 2.0},
+    }
+)
+PLAN = plan_for_spec(SPEC)
+PODS = [PodView(f"p{i}", f"uid{i}", f"10.0.0.{i}", ready=True, terminating=False) for i in (1, 2)]
+
+
+def steady_signals(rng: random.Random) -> ServiceSignals:
+    """A service well within its SLO whose figures wander a little every tick."""
+    return ServiceSignals(
+        waiting=0.0,
+        running=rng.uniform(3.0, 5.0),
+        kv_usage=rng.uniform(0.2, 0.3),
+        reporting_pods=2,
+        p99_ttft_seconds=rng.uniform(0.3, 0.5),
+        p99_tpot_seconds=rng.uniform(0.01, 0.02),
+        finished_per_s=rng.uniform(9.0, 11.0),
+    )
+
+
+def run_ticks(minutes: int, *, interval_s: float = 5.0) -> tuple[int, list[float]]:
+    """The record step's write decision over `minutes` of ticks; returns the writes and the
+    `controller.inFlightAt` of every patch (to show it moved)."""
+    rng = random.Random(7)
+    params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
+    held: LoopState | None = None
+    status: dict = {}
+    last_digest, last_write_at, writes, in_flight_at = None, None, 0, []
+    for tick in range(int(minutes * 60 / interval_s)):
+        now = 1_000.0 + tick * interval_s
+        state = resume_state(held, status, SPEC, params)
+        result = control_tick(
+            SPEC, state, steady_signals(rng), PODS, batch_mem=PLAN.max_batch_size, now=now
+        )
+        patch = decision_status(
+            result.decision,
+            result.observation,
+            previous_conditions=status.get("conditions"),
+            generation=1,
+            now=f"t{tick}",
+        )
+        patch = with_kv_budget(patch, result.signals or ServiceSignals(), generation=1, now="t")
+        patch["memory"] = memory_status(PLAN)
+        in_flight_at.append(patch["controller"]["inFlightAt"])
+        digest = status_digest(patch)
+        since = None if last_write_at is None else now - last_write_at
+        if status_due(
+            digest, last_digest, decided_change=result.decision.changed, since_write_s=since
+        ):
+            status, last_digest, last_write_at, writes = patch, digest, now, writes + 1
+        held = result.decision.state
+    return writes, in_flight_at
+
+
+def test_a_steady_service_writes_status_at_most_once_a_minute():
+    writes, in_flight_at = run_ticks(minutes=10)
+    assert len(set(in_flight_at)) > 100, "the law's in-flight clock moves every tick"
+    # The first tick, then one heartbeat a minute.
+    assert writes <= 1 + 10, writes
+    assert writes >= 10, "the heartbeat still writes"
+
+
+def test_a_changed_decision_or_condition_writes_at_once_and_the_heartbeat_at_its_period():
+    patch = {"batchSize": 8, "replicas": 2, "readyReplicas": 2, "conditions": []}
+    digest = status_digest(patch)
+    assert status_due(digest, None, decided_change=False, since_write_s=None)
+    assert not status_due(digest, digest, decided_change=False, since_write_s=5.0)
+    assert status_due(digest, digest, decided_change=True, since_write_s=5.0)
+    assert status_due(digest, digest, decided_change=False, since_write_s=STATUS_HEARTBEAT_S)
+    ready = {"type": "Ready", "status": "True", "reason": "ReplicasReady", "message": "2 ready"}
+    with_ready = status_digest({**patch, "conditions": [ready]})
+    assert status_due(with_ready, digest, decided_change=False, since_write_s=5.0)
+    # A condition's message carries live figures: a new message alone waits for the heartbeat.
+    reworded = status_digest({**patch, "conditions": [{**ready, "message": "3 ready"}]})
+    assert reworded == with_ready
+    fewer_ready = status_digest({**patch, "readyReplicas": 1})
+    assert status_due(fewer_ready, digest, decided_change=False, since_write_s=5.0)
+
+
+def test_the_law_runs_on_its_held_state_not_on_a_status_the_watch_delivered_late():
+    params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
+    stale = {"batchSize": 4, "replicas": 1, "controller": {"inFlightAt": 10.0}}
+    held = LoopState(batch=16, replicas=2, in_flight_at=990.0, batch_run=3)
+    assert resume_state(held, stale, SPEC, params) == held
+    # On start (or as a new leader) there is no held state: the checkpoint is read back.
+    restored = resume_state(None, stale, SPEC, params)
+    assert (restored.batch, restored.replicas, restored.in_flight_at) == (4, 1, 10.0)
+
+
+def test_an_external_owners_count_replaces_the_held_replicas():
+    spec = SPEC.model_copy(
+        update={"replicas": 3, "scaling": SPEC.scaling.model_copy(update={"replicas": "external"})}
+    )
+    params = LawParams.from_spec(spec, batch_mem=PLAN.max_batch_size)
+    held = LoopState(batch=16, replicas=1)
+    assert resume_state(held, {}, spec, params) == replace(held, replicas=3)
