@@ -10,16 +10,21 @@ from pathlib import Path
 import yaml
 
 
-def assert_promql(tmp_path: Path, series: list[dict], tests: list[dict]) -> None:
-    """promtool evaluates each test's `expr` over `series` (1-minute samples) and compares."""
+def assert_promql(
+    tmp_path: Path, series: list[dict], tests: list[dict], *, interval: str = "1m"
+) -> None:
+    """promtool evaluates each test's `expr` over `series` (one sample per `interval`) and
+    compares."""
     assert shutil.which("promtool"), "promtool is needed (Debian's prometheus): make tools"
     path = tmp_path / "promql_test.yaml"
     path.write_text(
         yaml.safe_dump(
             {
                 "rule_files": [],
-                "evaluation_interval": "1m",
-                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+                "evaluation_interval": interval,
+                "tests": [
+                    {"interval": interval, "input_series": series, "promql_expr_test": tests}
+                ],
             }
         )
     )
