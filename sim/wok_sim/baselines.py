@@ -277,17 +277,7 @@ def _hpa_concurrency(target: int) -> Callable[[PolicyContext], list[Policy]]:
 
 
 def _hpa_concurrency_swept(ctx: PolicyContext) -> list[Policy]:
-    return [
-        HpaPolicy(
-            f"hpa-concurrency-{target}",
-            metric=concurrency_metric,
-            target=float(target),
-            batch=b,
-            ctx=ctx,
-        )
-        for target in SWEPT_CONCURRENCY_TARGETS
-        for b in ctx.sweep_batches()
-    ]
+    return [p for target in SWEPT_CONCURRENCY_TARGETS for p in _hpa_concurrency(target)(ctx)]
 
 
 def _keda_waiting_swept(ctx: PolicyContext) -> list[Policy]:
