@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_sim import plan_cli
+from wok_sim import evaluate, plan_cli
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,6 +39,7 @@ def register(commands: Any) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
     plan_cli.register(commands)
+    evaluate.register(commands)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
