@@ -337,12 +337,13 @@ class Scheduler:
         # never preempt.
         reclaim = self.mode == "continuous"
         admitted: list[Sequence] = []
+        blocked: set[str] = set()  # tenants at their share: their later requests wait too
         for seq in self.queue.in_order(now):
             if budget == 0:
                 break
             n = min(seq.num_uncomputed_tokens, budget)
-            if self.block_manager.tenant_blocked(seq, n):
-                continue  # this tenant is at its share; others may still be admitted
+            if self._tenant_waits(seq, n, blocked):
+                continue  # other tenants may still be admitted, in order
             batch = [s for s in self.running if s.is_batch] if reclaim else []
             slots = len(self.running) + len(admitted) + 1 - cap  # to free for this one
             batch_blocks = sum(len(s.block_table) for s in batch)
@@ -368,6 +369,7 @@ class Scheduler:
         # the batch sequence just admitted (recompute churn).
         reserve = sum(not s.is_batch for s in self.running)
         admitted: list[Sequence] = []
+        blocked: set[str] = set()
         for seq in self.batch_queue.in_order(now):
             full = len(self.running) + len(admitted) >= cap
             if full or running_batch + len(admitted) >= self.batch_lane_max_batch_size:
@@ -375,7 +377,7 @@ class Scheduler:
             if budget == 0:
                 break
             n = min(seq.num_uncomputed_tokens, budget)
-            if self.block_manager.tenant_blocked(seq, n):
+            if self._tenant_waits(seq, n, blocked):
                 continue
             need = self.block_manager.blocks_needed(seq, n)
             if not self.block_manager.can_allocate(seq, n):
@@ -386,6 +388,16 @@ class Scheduler:
             budget -= n
         self._move_to_running(self.batch_queue, admitted)
         return budget
+
+    def _tenant_waits(self, seq: Sequence, n: int, blocked: set[str]) -> bool:
+        """True when `seq` must wait for its tenant: the tenant is at its share, or one of its
+        earlier requests was (admission keeps each tenant's order: a smaller request never
+        passes one of its own tenant that does not fit). With one tenant, that is strict
+        arrival order, as `wok_sim.replica` keeps it."""
+        tenant = seq.tenant or ""
+        if tenant not in blocked and self.block_manager.tenant_blocked(seq, n):
+            blocked.add(tenant)
+        return tenant in blocked
 
     def _start(
         self, seq: Sequence, n: int, chosen: dict[Sequence, int], admitted: list[Sequence]
