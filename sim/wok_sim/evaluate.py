@@ -42,7 +42,9 @@ TRACES = {
 SLO_SETS = {"loose": (2.0, 0.1), "tight": (1.0, 0.04)}
 WARM_UP_S = 300.0  # longer than the slowest pod start of the matrix, plus a control tick
 SEEDS = (0, 1, 2, 3, 4)  # each seed draws the overlay copies and the routing
-BASELINE_START_S = 90.0  # the pod start the swept baselines run at (the budget allows one)
+# The swept baselines run on each trace's own load (the shared code trace at ×3), 90 s pod start,
+# loose SLOs: one condition per trace is what the 30-minute budget allows.
+BASELINE_CONDITION = (90.0, "loose", (1.0, 3.0))
 FULL_SWEEP_BELOW = 0.90  # the frontier's fleets below this on the first seed are not run again
 SATURATED = 0.999  # nor those past the first that reaches this
 RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the first seed is out
@@ -160,16 +162,16 @@ def context(condition: Condition, seed: int, *, warm_start_fleet: bool = True) -
 
 
 def static_variants(ctx: Any) -> list[int]:
-    """The static fleets of the frontier, as `replicas × 1000 + batch`: every N from half the
-    fleet the mean rate needs (the planner's capacity at the largest B) to twice what the
-    busiest minute needs at the smallest, plus one, at every B the baselines are swept over."""
+    """The static fleets of the frontier, as `replicas × 1000 + batch`: from one below to two
+    above the fleet the busiest minute needs at the planner's capacity (the planner sizes for
+    the minute's mean, and the seconds-long spikes inside it need more), at every B the
+    baselines are swept over."""
     from wok_sim.baselines import sizing
 
     fleet = sizing(ctx)
     batches = ctx.sweep_batches()
-    low = max(1, math.floor(0.5 * fleet.mean_rate / fleet.capacity[batches[-1]]))
-    high = math.ceil(2.0 * fleet.peak_rate / fleet.capacity[batches[0]]) + 1
-    high = min(ctx.max_replicas, max(high, low + 2))
+    peak = math.ceil(fleet.peak_rate / fleet.capacity[batches[-1]])
+    low, high = max(1, peak - 1), min(ctx.max_replicas, peak + 2)
     return [n * 1000 + b for n in range(low, high + 1) for b in batches]
 
 
@@ -184,13 +186,14 @@ def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str,
 def first_jobs(conditions: Sequence[Condition], policies: Sequence[str]) -> list[Job]:
     """Every policy on every condition and seed; on the first seed only, every static fleet of
     each frontier (N × B; they do not depend on the pod start) and every variant of the swept
-    baselines (target × B) at `BASELINE_START_S`."""
+    baselines (target × B) on each trace's `BASELINE_CONDITION`."""
     first = SEEDS[0]
     jobs = [Job(c, seed, p, 0) for c in conditions for seed in SEEDS for p in policies]
     frontiers: dict[tuple[str, float, str], Condition] = {}
     for condition in conditions:
         frontiers.setdefault(condition.frontier_key, condition)
-        if condition.cold_start_s == BASELINE_START_S:
+        start, slo, scales = BASELINE_CONDITION
+        if (condition.cold_start_s, condition.slo) == (start, slo) and condition.scale in scales:
             for baseline in SWEPT_BASELINES:
                 count = len(variants_of(baseline, condition, first))
                 jobs += [Job(condition, first, baseline, i) for i in range(count)]
@@ -595,6 +598,14 @@ def register(commands: Any) -> None:
         "skipped with a note)",
     )
     parser.add_argument("--quick", action="store_true", help="a two-condition matrix (minutes)")
+    parser.add_argument(
+        "--slo", default=",".join(SLO_SETS), help="the conditions of these SLO sets only"
+    )
+    parser.add_argument(
+        "--trace",
+        default=",".join(TRACES),
+        help=f"the matrix's conditions on these traces only (default: {','.join(TRACES)})",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR")
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations"
@@ -617,7 +628,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"wok evaluate: policy {name!r} is not registered: skipped", file=sys.stderr)
     if not policies:
         raise ValueError(f"no registered policy in {args.policy!r} (known: {', '.join(registry)})")
-    conditions = matrix(quick=args.quick)
+    traces = {t.strip() for t in args.trace.split(",") if t.strip()}
+    unknown = traces - set(TRACES)
+    if unknown or not traces:
+        raise ValueError(f"unknown trace {', '.join(sorted(unknown))} (known: {', '.join(TRACES)})")
+    slos = {s.strip() for s in args.slo.split(",") if s.strip()}
+    if not slos or slos - set(SLO_SETS):
+        raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
+    conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
     started = time.perf_counter()
     first = run_all(first_jobs(conditions, policies), workers=args.jobs, desc="first seed")
     second = run_all(second_jobs(first, policies), workers=args.jobs, desc="other seeds")
@@ -632,7 +650,11 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "evaluation-quick" if args.quick else "evaluation"
+    name = (
+        "evaluation-quick"
+        if args.quick
+        else "-".join(["evaluation", *sorted(traces), *sorted(slos)])
+    )
     (args.out / f"{name}.md").write_text(markdown(ev, command))
     (args.out / f"{name}.json").write_text(to_json(ev, outcomes, command))
     plot(ev, args.out / f"{name}.png")
