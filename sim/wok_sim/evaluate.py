@@ -650,11 +650,9 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    name = (
-        "evaluation-quick"
-        if args.quick
-        else "-".join(["evaluation", *sorted(traces), *sorted(slos)])
-    )
+    whole = (traces, slos) == (set(TRACES), set(SLO_SETS))
+    parts = [] if whole else [*sorted(traces), *sorted(slos)]
+    name = "-".join(["evaluation", *(["quick"] if args.quick else []), *parts])
     (args.out / f"{name}.md").write_text(markdown(ev, command))
     (args.out / f"{name}.json").write_text(to_json(ev, outcomes, command))
     plot(ev, args.out / f"{name}.png")

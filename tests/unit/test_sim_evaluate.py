@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from wok.cli import main
 from wok_sim.evaluate import (
     SEEDS,
     STATIC,
@@ -106,3 +107,19 @@ def test_the_report_says_where_a_policy_loses() -> None:
     text = markdown(ev, "wok evaluate")
     assert "| code ×3, 90 s start, loose SLOs | wok | 98.52" in text
     assert "**no**" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "nope"], "unknown trace nope"),
+        (["--slo", "lax"], "--slo takes loose, tight"),
+        (["--policy", "nope"], "no registered policy"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
+    ],
+)
+def test_bad_arguments_are_one_clear_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["evaluate", *args]) == 2
+    assert message in capsys.readouterr().err
