@@ -1,12 +1,13 @@
-"""How close the law is to a fleet that knows the future.
+"""How close the law is to a fleet that knows the future: a heuristic reference, not a bound.
 
 A clairvoyant fleet reads the trace ahead: at every 15 s tick it asks for the pods that the busiest
 minute of GPU work within the next pod start + one minute needs at utilization u (a request's work
 is its prefill plus its decode steps at the profile's costs, the step's fixed cost shared by a
 batch of B). It starts from the autoscalers' shared warm start, its pods take the same pod start,
 and it runs on the same simulator; only its knowledge of arrivals is impossible. Swept over u and B,
-it draws the attainment a given GPU budget can buy with foresight: a causal law that matches it is
-at the frontier, and a goal beyond it is beyond every autoscaler.
+it draws the attainment a given GPU budget can buy with this one foresight heuristic. It is a
+reference, not a bound: a better use of the same foresight (or of none: `wok evaluate`'s static
+frontier) may do better, so a law may pass it and a goal beyond it is not proven out of reach.
 
     .venv/bin/python bench/clairvoyant.py            # about 8 min on 2 cores
     .venv/bin/python bench/clairvoyant.py --render   # the tables again, from the stored runs
@@ -146,7 +147,7 @@ def render(runs: list[dict]) -> None:
     sim = out / "autoscale_sim.json"
     measured = json.loads(sim.read_text()) if sim.exists() else {}
     parts = [
-        "# A fleet that knows the future",
+        "# A fleet that knows the future (a heuristic reference, not a bound)",
         "",
         f"Made by `.venv/bin/python bench/clairvoyant.py`: profile `{PROFILE}`, {POD_START_S:g} s "
         "pod start, the autoscalers' warm start, random routing; per u, the best fixed B in "

@@ -338,12 +338,13 @@ class Scheduler:
         # never preempt.
         reclaim = self.mode == "continuous"
         admitted: list[Sequence] = []
+        blocked: set[str] = set()  # tenants at their share: their later requests wait too
         for seq in self.queue.in_order(now):
             if budget == 0:
                 break
             end, n = self._first_chunk(seq, budget)
-            if self.block_manager.tenant_blocked(seq, end):
-                continue  # this tenant is at its share; others may still be admitted
+            if self._tenant_waits(seq, end, blocked):
+                continue  # other tenants may still be admitted, in order
             batch = [s for s in self.running if s.is_batch] if reclaim else []
             slots = len(self.running) + len(admitted) + 1 - cap  # to free for this one
             batch_blocks = sum(len(s.block_table) for s in batch)
@@ -369,6 +370,7 @@ class Scheduler:
         # the batch sequence just admitted (recompute churn).
         reserve = sum(not s.is_batch for s in self.running)
         admitted: list[Sequence] = []
+        blocked: set[str] = set()
         for seq in self.batch_queue.in_order(now):
             full = len(self.running) + len(admitted) >= cap
             if full or running_batch + len(admitted) >= self.batch_lane_max_batch_size:
@@ -376,7 +378,7 @@ class Scheduler:
             if budget == 0:
                 break
             end, n = self._first_chunk(seq, budget)
-            if self.block_manager.tenant_blocked(seq, end):
+            if self._tenant_waits(seq, end, blocked):
                 continue
             need = self.block_manager.blocks_needed(seq, end)
             if not self.block_manager.can_allocate(seq, end):
@@ -394,6 +396,16 @@ class Scheduler:
         cached = self.block_manager.num_cached_tokens(seq)
         n = min(seq.num_tokens - cached, budget)
         return cached + n, n
+
+    def _tenant_waits(self, seq: Sequence, end: int, blocked: set[str]) -> bool:
+        """True when `seq` must wait for its tenant: the tenant is at its share, or one of its
+        earlier requests was (admission keeps each tenant's order: a smaller request never
+        passes one of its own tenant that does not fit). With one tenant, that is strict
+        arrival order, as `wok_sim.replica` keeps it."""
+        tenant = seq.tenant or ""
+        if tenant not in blocked and self.block_manager.tenant_blocked(seq, end):
+            blocked.add(tenant)
+        return tenant in blocked
 
     def _start(
         self,

@@ -5,11 +5,15 @@ KEDA on vLLM's queue metrics (as the vLLM production stack and llm-d recommend).
   average 5 per pod (KEDA's threshold below, so the two differ only in the path the metric
   takes), synced every 15 s with the default behaviour (`wok_sim.hpa`).
 - `keda-waiting`: KEDA's Prometheus scaler on `sum(vllm:num_requests_waiting)`, threshold 5,
-  polled every 30 s (`pollingInterval`), feeding the HPA an External metric with an AverageValue
-  target; the HPA syncs every 15 s on the last polled value (`useCachedMetrics`). KEDA reads an
-  empty result as 0 (`ignoreNullValues`, default true). minReplicaCount is 1: scaling to zero
-  would refuse every request for a cold start.
+  feeding the HPA an External metric with an AverageValue target, in KEDA's default
+  configuration: no metrics cache (`useCachedMetrics` false), so each 15 s HPA sync queries the
+  scaler, which queries Prometheus (`pollingInterval` only drives activation from zero). KEDA
+  reads an empty result as 0 (`ignoreNullValues`, default true). minReplicaCount is 1: scaling to
+  zero would refuse every request for a cold start.
 - `hpa-concurrency-16/32/48`: the HPA on each pod's running + waiting requests.
+- `hpa-concurrency-swept`, `keda-waiting-swept` (not in `all`): the same two swept over their
+  own targets (concurrency 2…48 per pod, waiting thresholds 1…20) as well as over B, every
+  variant named with its target, for `wok evaluate`: a baseline tuned in hindsight to the load.
 - `ceiling`: not a way to run a fleet but a bound: every pod (`--max-replicas`) asked for at the
   first tick, from the same start as the autoscalers. Until they have started, the start's pods
   serve alone, as they do for every policy; no autoscaler can serve more requests within the SLOs,
@@ -37,8 +41,9 @@ from wok_sim.policy import Action, FleetView, PodSample, Policy
 from wok_sim.report import Slos
 
 WAITING_TARGET = 5.0  # per pod (HPA) and KEDA's threshold: the production-stack examples' figure
-KEDA_POLLING_S = 30.0  # ScaledObject pollingInterval default
 CONCURRENCY_TARGETS = (16, 32, 48)
+SWEPT_CONCURRENCY_TARGETS = (2, 4, 8, 16, 32, 48)
+SWEPT_WAITING_THRESHOLDS = (1, 2, 5, 10, 20)
 PEAK_WINDOW_S = 60.0  # the busiest window the peak search is bracketed from
 PEAK_HEADROOM = 3.0  # the search's largest fleet, in multiples of what that window needs
 
@@ -148,31 +153,30 @@ class KedaPolicy:
 
     interval_s = hpa.SYNC_PERIOD_S
 
-    def __init__(self, name: str, *, batch: int, ctx: PolicyContext) -> None:
+    def __init__(
+        self, name: str, *, batch: int, ctx: PolicyContext, threshold: float = WAITING_TARGET
+    ) -> None:
         self.name = name
         self.batch = batch
         self.fixed_batch: int | None = batch
+        self.threshold = threshold
         self.spec = hpa.HpaSpec(min_replicas=1, max_replicas=ctx.max_replicas)
         self.initial = ctx.start_replicas
         self.state = running_since_before(self.initial)
-        self.polled_at: float | None = None
-        self.polled = 0.0
 
     def start(self) -> Action:
         return Action(batch=self.batch, replicas=self.initial, reason="initial")
 
     def decide(self, view: FleetView) -> Action:
-        if self.polled_at is None or view.now - self.polled_at >= KEDA_POLLING_S:
-            waiting = view.signals.waiting
-            self.polled = 0.0 if waiting is None else waiting  # ignoreNullValues: empty is 0
-            self.polled_at = view.now
+        waiting = view.signals.waiting
+        waiting = 0.0 if waiting is None else waiting  # ignoreNullValues: empty is 0
         # The Deployment's status.replicas: every pod not being deleted, ready or not.
         existing = sum(1 for s in view.pods if not s.pod.terminating)
-        proposal = hpa.external_average_replicas(existing, self.polled, WAITING_TARGET)
+        proposal = hpa.external_average_replicas(existing, waiting, self.threshold)
         replicas, self.state = hpa.reconcile(
             self.spec, self.state, now=view.now, current=view.replicas, proposal=proposal
         )
-        reason = f"sum waiting {self.polled:g} (polled at {self.polled_at:g} s): {proposal}"
+        reason = f"sum waiting {waiting:g}: {proposal}"
         return Action(batch=self.batch, replicas=replicas, reason=reason)
 
 
@@ -188,11 +192,13 @@ class FleetSizing:
         return min(max_replicas, max(1, math.ceil(self.mean_rate / self.capacity[batch])))
 
     def peak_candidates(self, batch: int, max_replicas: int) -> list[int]:
-        """The replica counts the peak search simulates: from the mean fleet (no fewer keeps up)
-        to three times what the busiest window needs at full batches (a fleet that light runs
-        its steps fast, for the long answers' E2E), within max replicas."""
-        low = self.mean_replicas(batch, max_replicas)
-        high = max(low, math.ceil(PEAK_HEADROOM * self.peak_rate / self.capacity[batch]))
+        """The replica counts the peak search simulates: from half the mean fleet (the planner's
+        capacity is an estimate: a replica often serves more than it says) to three times what
+        the busiest window needs at full batches (a fleet that light runs its steps fast, for the
+        long answers' E2E), within max replicas."""
+        mean = self.mean_replicas(batch, max_replicas)
+        low = max(1, mean // 2)
+        high = max(mean, math.ceil(PEAK_HEADROOM * self.peak_rate / self.capacity[batch]))
         return list(range(low, min(high, max_replicas) + 1))
 
 
@@ -216,13 +222,14 @@ def sizing(ctx: PolicyContext) -> FleetSizing:
 
 
 def smallest_reaching_target(results: Sequence[Scored]) -> int:
-    """Among the variants at the attainment target, the fewest GPU-hours; if none, the best."""
+    """Among the variants at the attainment target, the fewest GPU-hours, and of those (the same
+    fleet at several B) the best attainment; if none reaches it, the best."""
     reaching = [i for i, r in enumerate(results) if r.slo_attainment >= TARGET_ATTAINMENT]
     if not reaching:
         return max(
             range(len(results)), key=lambda i: (results[i].slo_attainment, -results[i].gpu_hours)
         )
-    return min(reaching, key=lambda i: results[i].gpu_hours)
+    return min(reaching, key=lambda i: (results[i].gpu_hours, -results[i].slo_attainment))
 
 
 def _static_peak(ctx: PolicyContext) -> list[Policy]:
@@ -269,6 +276,18 @@ def _hpa_concurrency(target: int) -> Callable[[PolicyContext], list[Policy]]:
     return variants
 
 
+def _hpa_concurrency_swept(ctx: PolicyContext) -> list[Policy]:
+    return [p for target in SWEPT_CONCURRENCY_TARGETS for p in _hpa_concurrency(target)(ctx)]
+
+
+def _keda_waiting_swept(ctx: PolicyContext) -> list[Policy]:
+    return [
+        KedaPolicy(f"keda-waiting-{threshold}", batch=b, ctx=ctx, threshold=float(threshold))
+        for threshold in SWEPT_WAITING_THRESHOLDS
+        for b in ctx.sweep_batches()
+    ]
+
+
 def _ceiling(ctx: PolicyContext) -> list[Policy]:
     return [CeilingPolicy(batch=b, ctx=ctx) for b in ctx.sweep_batches()]
 
@@ -279,4 +298,6 @@ register("hpa-waiting", PolicyEntry(variants=_hpa_waiting))
 register("keda-waiting", PolicyEntry(variants=_keda_waiting))
 for _target in CONCURRENCY_TARGETS:
     register(f"hpa-concurrency-{_target}", PolicyEntry(variants=_hpa_concurrency(_target)))
+register("hpa-concurrency-swept", PolicyEntry(variants=_hpa_concurrency_swept, in_all=False))
+register("keda-waiting-swept", PolicyEntry(variants=_keda_waiting_swept, in_all=False))
 register("ceiling", PolicyEntry(variants=_ceiling))

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_sim import plan_cli
+from wok_sim import evaluate, plan_cli
 
 if TYPE_CHECKING:
     from wok_sim.fleet import FleetConfig
@@ -96,6 +96,7 @@ def register(commands: Any) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
     plan_cli.register(commands)
+    evaluate.register(commands)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

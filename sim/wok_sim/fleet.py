@@ -63,6 +63,9 @@ class FleetConfig:
     duration_s: float | None = None  # default: up to the last arrival
     fast: bool = True
     prefix_caching: bool = True  # from the trace's hash_ids (replica.py)
+    # Scoring starts here: requests that arrived before and GPU time before are not counted, the
+    # same for every policy (a warm-up that no static fleet pays and every autoscaler does).
+    score_from_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.routing not in ("random", "least-loaded"):
@@ -73,6 +76,8 @@ class FleetConfig:
             raise ValueError(f"--scrape-interval must be > 0, got {self.scrape_interval_s}")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"--duration must be > 0, got {self.duration_s}")
+        if self.score_from_s < 0:
+            raise ValueError(f"the scored start must be >= 0 s, got {self.score_from_s}")
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,9 @@ class Tick:
 
 @dataclass(frozen=True)
 class FleetRun:
-    records: list[RequestRecord]  # one per request, in request order
+    records: list[RequestRecord]  # one per request scored, in request order
     timeline: list[Tick]
-    gpu_seconds: float  # pod-seconds from creation to exit, within the trace's duration
+    gpu_seconds: float  # pod-seconds from creation to exit, within the scored duration
     duration_s: float
     scale_events: int  # actions that changed the replica count
     flips: int  # changes of the replica count that reverse the previous change's direction
@@ -296,10 +301,11 @@ def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetCo
         if pod.state in ("ready", "draining"):
             pod.replica.advance_to(final)
         pod.replica.stop(final)
+    scored = config.score_from_s
     records = refused + [r for p in fleet.pods for r in p.replica.records]
-    records.sort(key=lambda r: r.request_id)
+    records = sorted((r for r in records if r.arrival_s >= scored), key=lambda r: r.request_id)
     gpu = sum(
-        max(0.0, min(p.gone_s if p.gone_s is not None else end, end) - p.created_s)
+        max(0.0, min(p.gone_s if p.gone_s is not None else end, end) - max(p.created_s, scored))
         for p in fleet.pods
     )
     flips = sum(1 for a, b in itertools.pairwise(changes) if a != b)

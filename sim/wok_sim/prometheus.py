@@ -9,12 +9,12 @@ no sample that round (Prometheus marks its series stale), so it drops out of the
 `reporting`.
 
 The result is the operator's own `Round` (vectors keyed by `signals.round_queries` names), so
-`Round.signals` builds the ServiceSignals exactly as in the operator. Simplifications, said once:
-`rate()` is (last − first) / (t_last − t_first) over the samples in the window, without
-Prometheus' extrapolation to the window's edges (percentiles and ratios are unchanged by it); a
-request's metrics count from the first scrape after its last step (a step may end a few ms after a
-scrape that already sees it); dropped requests (work left when a drain ends) are counted nowhere,
-as the runtime aborts them at exit.
+`Round.signals` builds the ServiceSignals exactly as in the operator. `rate()` is Prometheus' own
+(`extrapolated_rate`: per series, extrapolated towards the window's edges, divided by the window),
+so a pod that left mid-window weighs what it served, not its rate while it lived. Simplifications,
+said once: a request's metrics count from the first scrape after its last step (a step may end a
+few ms after a scrape that already sees it); dropped requests (work left when a drain ends) are
+counted nowhere, as the runtime aborts them at exit.
 """
 
 from __future__ import annotations
@@ -70,6 +70,36 @@ def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[f
     if count <= 0:
         return bounds[b]
     return start + (bounds[b] - start) * (rank - below) / count
+
+
+def extrapolated_rate(
+    first: float,
+    last: float,
+    t_first: float,
+    t_last: float,
+    samples: int,
+    *,
+    start: float,
+    end: float,
+) -> float:
+    """Prometheus' `rate()` of one counter series over the range (start, end], from its first and
+    last samples there (`extrapolatedRate` in promql/functions.go; no resets: a simulated pod's
+    counters only grow). The increase is extrapolated towards each edge by the gap to it, or by
+    half a sample interval where the gap exceeds 1.1 intervals (the series began or ended inside
+    the range), never below zero at the start, and divided by the whole range."""
+    sampled = t_last - t_first
+    increase = last - first
+    if samples < 2 or sampled <= 0:
+        return 0.0
+    average = sampled / (samples - 1)
+    to_start, to_end = t_first - start, end - t_last
+    if increase > 0 and first >= 0:
+        to_start = min(to_start, sampled * first / increase)  # the counter's zero bounds it
+    threshold = 1.1 * average
+    interval = sampled
+    interval += to_start if to_start < threshold else average / 2
+    interval += to_end if to_end < threshold else average / 2
+    return increase * interval / sampled / (end - start)
 
 
 class _PodCounters:
@@ -189,9 +219,10 @@ class EmulatedPrometheus:
             if len(inside) < 2:
                 continue
             (t0, first), (t1, last) = inside[0], inside[-1]
-            span = t1 - t0
             for i in range(WIDTH):
-                total[i] += (last[i] - first[i]) / span
+                total[i] += extrapolated_rate(
+                    first[i], last[i], t0, t1, len(inside), start=now - window, end=now
+                )
             any_pod = True
         return total if any_pod else None
 

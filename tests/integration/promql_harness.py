@@ -16,18 +16,25 @@ import yaml
 
 
 def assert_promql(
-    tmp_path: Path, series: list[dict], tests: list[dict], rule_files: list[Path] = ()
+    tmp_path: Path,
+    series: list[dict],
+    tests: list[dict],
+    rule_files: list[Path] = (),
+    *,
+    interval: str = "1m",
 ) -> None:
-    """promtool evaluates each test's `expr` over `series` (1-minute samples), with
-    `rule_files`' rules evaluated every minute, and compares."""
+    """promtool evaluates each test's `expr` over `series` (one sample per `interval`), with
+    `rule_files`' rules evaluated at the same interval, and compares."""
     assert shutil.which("promtool"), "promtool is needed (Debian's prometheus): make tools"
     path = tmp_path / "promql_test.yaml"
     path.write_text(
         yaml.safe_dump(
             {
                 "rule_files": [str(path) for path in rule_files],
-                "evaluation_interval": "1m",
-                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+                "evaluation_interval": interval,
+                "tests": [
+                    {"interval": interval, "input_series": series, "promql_expr_test": tests}
+                ],
             }
         )
     )

@@ -23,7 +23,7 @@ from wok_sim.baselines import (
 )
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.plan import peak_rate
-from wok_sim.policies import PolicyContext, load_registry
+from wok_sim.policies import PolicyContext, load_registry, resolve
 from wok_sim.policy import FleetView, PodSample
 from wok_sim.profile import load_profile
 from wok_sim.traces import Phase, TraceRequest, scripted
@@ -130,15 +130,23 @@ def test_concurrency_is_running_plus_waiting() -> None:
     assert policy.decide(view).replicas == 5
 
 
-def test_keda_polls_every_30s_and_the_hpa_reuses_the_last_poll() -> None:
+def test_keda_in_its_default_configuration_queries_at_every_hpa_sync() -> None:
     policy = KedaPolicy("keda-waiting", batch=32, ctx=CTX)
     pods = (pod("a"), pod("b"))
-    # t = 15: polled 30 waiting; AverageValue 5 → ceil(30 / 5) = 6 (2 + 4 allowed)
+    # t = 15: 30 waiting; AverageValue 5 → ceil(30 / 5) = 6 (2 + 4 allowed)
     assert policy.decide(fleet(15, 2, *pods, waiting=30)).replicas == 6
-    # t = 30: the queue is gone, but the HPA still reads the value polled at 15 s
-    assert policy.decide(fleet(30, 6, *pods, waiting=0)).replicas == 6
-    # t = 45: polled 60 → 12 wanted; from 6 the limit is 12
-    assert policy.decide(fleet(45, 6, *pods, waiting=60)).replicas == 12
+    # t = 30: no metrics cache: the next sync sees 60 waiting → 12 wanted; from 6 the limit is 12
+    assert policy.decide(fleet(30, 6, *pods, waiting=60)).replicas == 12
+
+
+def test_the_swept_baselines_cover_their_targets_and_every_batch() -> None:
+    registry = load_registry()
+    hpa_names = {p.name for p in registry["hpa-concurrency-swept"].variants(CTX)}
+    assert hpa_names == {f"hpa-concurrency-{t}" for t in (2, 4, 8, 16, 32, 48)}
+    keda = registry["keda-waiting-swept"].variants(CTX)
+    assert {p.name for p in keda} == {f"keda-waiting-{t}" for t in (1, 2, 5, 10, 20)}
+    assert len(keda) == 5 * len(CTX.sweep_batches())
+    assert "keda-waiting-swept" not in resolve("all")
 
 
 def test_keda_reads_an_empty_result_as_zero_and_waits_out_the_window() -> None:
@@ -164,8 +172,11 @@ def test_peak_rate_is_the_busiest_window() -> None:
 def test_static_fleets_are_sized_from_mean_and_peak() -> None:
     sizing = FleetSizing(mean_rate=10.0, peak_rate=25.0, capacity={16: 4.0})
     assert sizing.mean_replicas(16, max_replicas=32) == 3
-    assert sizing.peak_candidates(16, max_replicas=32) == list(range(3, 20))  # up to 3 × 6.25
-    assert sizing.peak_candidates(16, max_replicas=8) == list(range(3, 9))
+    # From half the mean fleet (the planner's capacity is an estimate) up to 3 × 6.25.
+    assert sizing.peak_candidates(16, max_replicas=32) == list(range(1, 20))
+    assert sizing.peak_candidates(16, max_replicas=8) == list(range(1, 9))
+    busy = FleetSizing(mean_rate=40.0, peak_rate=50.0, capacity={16: 4.0})
+    assert busy.peak_candidates(16, max_replicas=32)[0] == 5  # below the mean fleet of 10
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,11 @@ def test_static_peak_picks_the_cheapest_fleet_at_99_percent() -> None:
     results = [Result(0.90, 1.0), Result(0.991, 2.0), Result(0.999, 3.0), Result(0.995, 1.8)]
     assert smallest_reaching_target(results) == 3
     assert smallest_reaching_target([Result(0.5, 1.0), Result(0.8, 2.0)]) == 1
+
+
+def test_static_peak_takes_the_best_batch_of_the_same_fleet() -> None:
+    # The same 5 pods at B 16 and B 32 cost the same GPU-hours: the better attainment wins.
+    assert smallest_reaching_target([Result(0.9946, 4.77), Result(0.9964, 4.77)]) == 1
 
 
 def test_hpa_concurrency_follows_a_burst_in_the_fleet_simulator() -> None:

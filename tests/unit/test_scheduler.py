@@ -309,6 +309,24 @@ def test_a_tenant_at_its_share_waits_while_another_is_admitted() -> None:
         sched.finish(s, "abort", 0.3)
 
 
+def test_under_kv_pressure_a_small_request_never_passes_the_head_of_its_tenant() -> None:
+    sched = make_scheduler(num_blocks=16, block_size=4, max_model_len=32, budget=64)
+    p = SamplingParams(max_tokens=1, ignore_eos=True)
+    seqs = [
+        Sequence("r1", [1] * 30, p, arrival_time=0.0),  # 8 blocks
+        Sequence("r2", [1] * 20, p, arrival_time=0.1),  # 5 blocks: 3 left
+        Sequence("r3", [1] * 30, p, arrival_time=0.2),  # its 14-token chunk needs 4: waits
+        Sequence("r4", [1] * 4, p, arrival_time=0.3),  # 1 block would fit, but r3 is first
+    ]
+    for s in seqs:
+        sched.add(s, now=0.3)
+    out = sched.schedule(0.4)
+    assert [i.seq.request_id for i in out.scheduled] == ["r1", "r2"]
+    assert seqs[3].status is SequenceStatus.WAITING
+    for s in seqs:
+        sched.finish(s, "abort", 0.4)
+
+
 def test_stop_conditions() -> None:
     sched = make_scheduler()
     model = FakePagedModel(64, 4)

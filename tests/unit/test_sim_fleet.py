@@ -78,6 +78,16 @@ def test_a_new_pod_serves_after_its_cold_start_and_bills_from_creation():
     assert [(s.pod.ready, s.waiting) for s in ready] == [(True, 0)]
 
 
+def test_the_scored_start_drops_the_same_warm_up_for_every_policy():
+    requests = [TraceRequest(1.0, 10, 5), TraceRequest(10.0, 10, 5), TraceRequest(30.0, 10, 5)]
+    config = FleetConfig(PROFILE, cold_start_s=20, duration_s=60, score_from_s=15.0)
+    late = simulate_fleet(requests, Scripted(start=0, plan={5.0: 1}), config)
+    assert [(r.request_id, r.outcome) for r in late.records] == [(2, "ok")]
+    assert late.gpu_seconds == pytest.approx(45.0)  # billed from 15 s, not from creation at 5
+    warm = simulate_fleet(requests, Scripted(start=2, plan={}), config)
+    assert len(warm.records) == 1 and warm.gpu_seconds == pytest.approx(2 * 45.0)
+
+
 def test_a_removed_pod_drains_then_drops_what_is_left():
     # Two long answers (about 12 s each), one per pod; at 5 s one pod is removed with a 2 s drain.
     requests = [TraceRequest(0.0, 100, 2000), TraceRequest(0.0, 100, 2000)]

@@ -56,8 +56,10 @@ def test_rejected_and_timed_out_requests_join_the_inf_bucket():
     # 100 requests, 99 with TTFT in (0.25, 0.5]: the 99th is the bucket's upper end.
     assert s.p99_ttft_seconds == pytest.approx(0.5)
     assert s.p99_seconds == pytest.approx(1.5)  # E2E (1.0, 1.5]
-    assert s.finished_per_s == pytest.approx(99 / 5)
-    assert s.rejected_per_s == pytest.approx(1 / 5)
+    # rate() divides by the whole 60 s range; the counters began at 0, so nothing is
+    # extrapolated before the first sample.
+    assert s.finished_per_s == pytest.approx(99 / 60)
+    assert s.rejected_per_s == pytest.approx(1 / 60)
     assert s.mean_sequence_tokens == pytest.approx(16.0)
     # TPOT (1.2 - 0.3) / 10 = 0.09 in (0.075, 0.1]; no misses there: rank 98.01 of 99.
     assert s.p99_tpot_seconds == pytest.approx(0.075 + 0.025 * 0.99)
@@ -66,7 +68,7 @@ def test_rejected_and_timed_out_requests_join_the_inf_bucket():
     prom.scrape(10.0, [pod])
     s = prom.signals(10.0, 60)
     assert s.p99_ttft_seconds == TTFT_BUCKETS[-1]
-    assert s.rejected_per_s == pytest.approx(2 / 10)
+    assert s.rejected_per_s == pytest.approx(2 / 60)
 
 
 def test_a_pod_whose_scrape_fails_drops_out_of_the_sums():
@@ -131,3 +133,34 @@ def test_samples_leave_the_rate_window():
     for t in range(10, 100, 5):
         prom.scrape(float(t), [pod])
     assert prom.signals(95.0, 60).finished_per_s == 0.0  # the completions are > 60 s old
+
+
+class _SteadyPod:
+    """A pod that has finished `rate × t` requests at each scrape (no engine behind it)."""
+
+    def __init__(self, pod: int) -> None:
+        self.pod = pod
+        self.records: list[RequestRecord] = []
+        self.num_waiting = self.num_running = 0
+        self.kv_usage = 0.0
+
+    def finish_until(self, count: float) -> None:
+        while len(self.records) < round(count):
+            self.records.append(ok(len(self.records), ttft=0.3, e2e=1.2))
+
+
+def test_a_pod_gone_mid_window_weighs_what_it_served_not_its_rate_while_it_lived():
+    # A steady 20 req/s: 10 pods at 2 each until 5 of them leave at t = 600 (last scraped at
+    # 595), then the other 5 at 4 each. Dividing each pod's increase by its own span read up
+    # to 29 req/s here.
+    pods = [_SteadyPod(i) for i in range(10)]
+    prom = EmulatedPrometheus(windows=(60,))
+    served = []
+    for t in range(0, 721, 5):
+        live = pods if t < 600 else pods[:5]
+        for pod in live:
+            pod.finish_until(2.0 * t if t < 600 else 1200.0 + 4.0 * (t - 600))
+        prom.scrape(float(t), live)  # type: ignore[arg-type]
+        if t >= 60:
+            served.append(prom.signals(float(t), 60).finished_per_s)
+    assert all(18.0 < rate < 22.0 for rate in served), served
