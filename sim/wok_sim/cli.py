@@ -47,8 +47,12 @@ POLICIES: dict[str, str] = {
     "hpa-waiting": "the upstream HPA on vllm:num_requests_waiting, average 5 per pod, synced every "
     "15 s",
     "keda-waiting": "KEDA's Prometheus scaler on the fleet's summed waiting queue, threshold 5, "
-    "polled every 30 s",
+    "queried at every 15 s HPA sync (KEDA's default: no metrics cache)",
     "hpa-concurrency-N": "the HPA on each pod's running + waiting requests, target N",
+    "hpa-concurrency-swept": "the HPA on running + waiting, its target swept over 2…48 and B over "
+    "the batch sizes; the best in hindsight (not in `all`)",
+    "keda-waiting-swept": "KEDA on the summed waiting queue, its threshold swept over 1…20 and B "
+    "over the batch sizes; the best in hindsight (not in `all`)",
     "ceiling": "a bound, not a policy: every pod (--max-replicas) asked for at the first tick; "
     "no autoscaler serves more within the SLOs at that pod start (its GPU-hours mean nothing)",
 }

@@ -44,7 +44,9 @@ def runtime_times(requests: list[TraceRequest], batch_cap: int) -> list[tuple[fl
         max_wait_ms=0,
         max_num_batched_tokens=PROFILE.step_token_budget,
         max_model_len=PROFILE.max_model_len,
-        block_manager=BlockManager(PROFILE.kv_blocks, PROFILE.block_size),
+        # Without hash_ids the simulator caches nothing; the runtime's cache would also let a
+        # preempted request resume from its own blocks instead of recomputing them.
+        block_manager=BlockManager(PROFILE.kv_blocks, PROFILE.block_size, prefix_caching=False),
         queue=RequestQueue(max_size=10_000, aging_s=0.0),
         eos_token_id=None,
     )
