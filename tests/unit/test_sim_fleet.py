@@ -104,3 +104,22 @@ def test_the_wok_policy_on_a_short_load_accounts_for_every_request():
     assert {r.outcome for r in run.records} <= {"ok", "rejected", "timeout", "dropped"}
     assert len(run.timeline) >= 120 / policy.interval_s - 1
     assert run.timeline[-1].p99_ttft_s is not None  # the policy saw TTFT through Prometheus
+
+
+def test_the_batch_ablations_pin_the_batch_and_keep_the_law_for_the_replicas():
+    """`wok-frozen-cap` runs at min(B_max, B_mem) and `wok-frozen-plan` at the planner's B_opt
+    on every tick; `wok` moves its batch from the spec's initial one."""
+    requests = tuple(poisson(20.0, 120.0, seed=3))
+    ctx = context(requests=requests)
+    registry = load_registry()
+    b_opt = wok_policy.plan_batch(ctx)
+    runs = {}
+    for name in ("wok", "wok-frozen-cap", "wok-frozen-plan"):
+        policy = registry[name].variants(ctx)[0]
+        assert isinstance(policy, wok_policy.LawPolicy) and policy.law is control.decide
+        runs[name] = simulate_fleet(list(requests), policy, FleetConfig(PROFILE, seed=3))
+    caps = {t.batch for t in runs["wok-frozen-cap"].timeline}
+    cap = wok_policy.LawPolicy("cap", control.decide, ctx).spec.batching.max_batch_size
+    assert max(caps) <= cap and len(caps) <= 2  # B_mem settles once a mean length is observed
+    assert {t.batch for t in runs["wok-frozen-plan"].timeline} == {min(b_opt, c) for c in caps}
+    assert runs["wok"].timeline[0].batch == 32  # the spec's initial batch, its own to move
