@@ -2,11 +2,12 @@
 
 One row per condition: each policy's attainment of all SLOs and GPU-hours on the same arrivals.
 `wok-frozen-cap` and `wok-frozen-plan` are the law with its batch pinned (`sim/wok_sim/
-wok_policy.py`), so a difference between them and `wok` is what the moving batch buys. Every
+wok_policy.py`), so a difference between them and `wok` is what the moving batch buys;
+`wok-start-cap` starts the moving batch at the cap instead of the spec's initial batch. Every
 condition here is a development condition: the law's constants were judged on all of them
 together (docs/control-law.md), never on one.
 
-    .venv/bin/python bench/law_ablation.py --out law_ablation       # about 15 min on one core
+    .venv/bin/python bench/law_ablation.py --out law_ablation       # about 20 min on one core
     .venv/bin/python bench/law_ablation.py --policies wok --only code
 
 Writes bench/results/<out>.md and .json.
@@ -82,7 +83,7 @@ def table(results: dict[str, dict[str, dict]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default="wok,wok-frozen-cap,wok-frozen-plan")
+    parser.add_argument("--policies", default="wok,wok-frozen-cap,wok-frozen-plan,wok-start-cap")
     parser.add_argument("--only", default="", help="run the conditions whose name has this")
     parser.add_argument("--out", default="law_ablation")
     args = parser.parse_args()

@@ -108,13 +108,14 @@ def test_the_wok_policy_on_a_short_load_accounts_for_every_request():
 
 def test_the_batch_ablations_pin_the_batch_and_keep_the_law_for_the_replicas():
     """`wok-frozen-cap` runs at min(B_max, B_mem) and `wok-frozen-plan` at the planner's B_opt
-    on every tick; `wok` moves its batch from the spec's initial one."""
+    on every tick; `wok` moves its batch from the spec's initial one, `wok-start-cap` from
+    the cap."""
     requests = tuple(poisson(20.0, 120.0, seed=3))
     ctx = context(requests=requests)
     registry = load_registry()
     b_opt = wok_policy.plan_batch(ctx)
     runs = {}
-    for name in ("wok", "wok-frozen-cap", "wok-frozen-plan"):
+    for name in ("wok", "wok-frozen-cap", "wok-frozen-plan", "wok-start-cap"):
         policy = registry[name].variants(ctx)[0]
         assert isinstance(policy, wok_policy.LawPolicy) and policy.law is control.decide
         runs[name] = simulate_fleet(list(requests), policy, FleetConfig(PROFILE, seed=3))
@@ -123,3 +124,4 @@ def test_the_batch_ablations_pin_the_batch_and_keep_the_law_for_the_replicas():
     assert max(caps) <= cap and len(caps) <= 2  # B_mem settles once a mean length is observed
     assert {t.batch for t in runs["wok-frozen-plan"].timeline} == {min(b_opt, c) for c in caps}
     assert runs["wok"].timeline[0].batch == 32  # the spec's initial batch, its own to move
+    assert runs["wok-start-cap"].timeline[0].batch == runs["wok-frozen-cap"].timeline[0].batch
