@@ -484,14 +484,19 @@ class LoopMemory(ApiModel):
     last_scale_up: float | None = None
     last_replica_change: float | None = None
     service_rate: float | None = None
-    service_parallelism: float | None = None
+    service_rate_at: float | None = None
     proven_rate: float | None = None
-    in_flight: float | None = None
-    in_flight_at: float | None = None
+    proven_rate_at: float | None = None
+    learned_for: str | None = Field(
+        default=None, description="Hash of the model, GPU and SLOs the learnt rates hold for."
+    )
     saturated_since: float | None = None
     queued_since: float | None = None
     breached_since: float | None = None
     budget_spent: bool = False
+    tpot_pod_p99: float | None = None
+    tpot_futile: bool = False
+    floor_since: float | None = None
 
 
 class BatchLaneStatus(ApiModel):

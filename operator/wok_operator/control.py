@@ -28,27 +28,51 @@ The replicas follow the measured demand (Little's law on the gauges, not on a la
                  the current batch when TPOT binds, fewer when the KV cache binds first
     R*       = ceil(L / (ρ · C))        with ρ = target utilization
 
-and from throughput once a saturated pod has shown its rate μ (`_demand`, `pooled_replicas`). ρ is
-the target while the error budget holds, and the breached one, with more headroom, from when a
-P99 over the SLO's budget window (an hour) breaks its SLO (the traffic has outrun the fleet
-within a pod start before) until every P99.5 over it is within its SLO (half the budget back).
+and from throughput once a saturated pod has shown its rate μ: R* ≥ ⌈arrivals / (ρ · μ)⌉
+(`_demand`). ρ is the target while the error budget holds, and the breached one, with more
+headroom, from when a P99 over the SLO's budget window (an hour) breaks its SLO (the traffic has
+outrun the fleet within a pod start before) until every P99.5 over it is within its SLO (half the
+budget back), or the window held no request at all.
 
 R rises to R* at once (at most `max_step` per tick) once R* > R has held for `scale_up_window`;
 pods already starting count as capacity on its way (R includes them), so a scale-up never repeats
-while it is still arriving. A TTFT breach while requests queue adds one replica if demand did not
-(uneven routing), but only after the last scale-up had a pod start and an SLO window to show.
-R falls only when R* < R has held for `scale_down_window`, to the largest R* seen in that window,
-with the SLOs met, and never below the pods that serve today's arrivals at the most a pod has
-served within its SLOs. Missing metrics hold everything; nothing scales to zero on missing data; the
-batch is never above B_mem.
+while it is still arriving; a pod pending past its pod start and a margin is no capacity, and is
+asked for again. A TTFT breach while requests queue adds one replica if demand did not (uneven
+routing), and so does a TPOT breach below the cap (step time from load), each only after the last
+scale-up had a pod start and an SLO window to show; a TPOT pod that did not lower the P99 ends
+those (`SLOUnattainable`). R falls only when R* < R has held for `scale_down_window`, to the
+largest R* seen in that window, with no breach a pod or the batch could fix, and not below the
+pods that serve today's arrivals at the most a pod has served within its SLOs, unless that floor
+has held the fleet for a budget window. μ and that rate are forgotten when the model, the GPU or
+the SLOs change, and give way to a lower sample once a budget window old. Any missing series the
+law reads holds everything; nothing scales to zero on missing data; the batch is never above
+B_mem.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, replace
 
 from wok_operator.api import InferenceServiceSpec
+
+#: Rates below this (requests/s) say nothing a pod could be sized on: one request in 11 days.
+MIN_RATE = 1e-6
+#: How long past its pod start a pending pod still counts as capacity on its way.
+STALL_MARGIN_S = 120.0
+
+
+def learned_key(spec: InferenceServiceSpec) -> str:
+    """A hash of what the learned rates depend on (the model, the GPU, the SLOs): a change of
+    any of them starts the law's memory afresh."""
+    basis = {
+        "model": spec.model.model_dump(mode="json"),
+        "gpu": [spec.runtime.gpus_per_pod, spec.runtime.gpu_memory],
+        "slo": spec.slo.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -72,6 +96,8 @@ class LawParams:
     slo_window_s: float = 60.0
     pod_start_s: float = 90.0  # how long a new pod takes to serve: its step shows after this
     breached_utilization: float | None = None  # ρ while the budget is spent (None: the same)
+    budget_window_s: float = 3600.0  # the error budget's window: what the law learnt ages over it
+    learned_key: str = ""  # `learned_key(spec)`: the learned rates hold for this spec only
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
@@ -111,6 +137,8 @@ class LawParams:
             scale_down_window_s=s.scale_down_stabilization_seconds,
             slo_window_s=slo.window_seconds,
             pod_start_s=s.pod_start_seconds,
+            budget_window_s=slo.budget_window_seconds,
+            learned_key=learned_key(spec),
         )
 
     def utilization(self, *, budget_spent: bool) -> float:
@@ -133,6 +161,11 @@ class LawParams:
 
     def clip_replicas(self, replicas: int) -> int:
         return max(self.replicas_floor, min(self.replicas_max, replicas))
+
+    @property
+    def stalled_after_s(self) -> float:
+        """A pod pending longer than this is not on its way: it stops counting as capacity."""
+        return self.pod_start_s + STALL_MARGIN_S
 
     @property
     def replicas_floor(self) -> int:
@@ -162,6 +195,7 @@ class Observation:
     budget_p995_ttft_seconds: float | None = None
     budget_p995_tpot_seconds: float | None = None
     budget_p995_seconds: float | None = None
+    stalled_replicas: int = 0  # pods pending past their pod start and a margin (not in pending)
 
     @property
     def reporting(self) -> int:
@@ -185,11 +219,14 @@ class LoopState:
     down_target: int | None = None  # the largest ask in that time (scale down to it)
     last_scale_up: float | None = None
     last_replica_change: float | None = None
-    service_rate: float | None = None  # requests/s a saturated pod completed, last measured
-    service_parallelism: float | None = None  # requests a pod served at once at that rate
+    service_rate: float | None = None  # requests/s a saturated pod completed, best measured
+    service_rate_at: float | None = None  # when; a rate older than the budget window gives way
     proven_rate: float | None = None  # the most requests/s a pod has served within its SLOs
-    in_flight: float | None = None  # requests in the pods (running + waiting) at the last tick
-    in_flight_at: float | None = None
+    proven_rate_at: float | None = None
+    learned_for: str | None = None  # the `LawParams.learned_key` the rates were learnt under
+    tpot_pod_p99: float | None = None  # P99 TPOT when a pod was last added for a TPOT breach
+    tpot_futile: bool = False  # that pod did not lower it: more pods will not either
+    floor_since: float | None = None  # since when the proven floor alone holds a scale-down
     saturated_since: float | None = None  # since when pods queue with free batch slots
     queued_since: float | None = None  # since when requests have queued past Q* at every tick
     breached_since: float | None = None  # since when P99 TTFT has been above its SLO at every tick
@@ -252,6 +289,35 @@ def _holding(
 
 
 @dataclass(frozen=True)
+class _Facts:
+    """The predicates both rules read, computed once a tick."""
+
+    queue: float  # waiting requests per reporting pod
+    queue_long: bool  # past Q* + deadband
+    cap_binds: bool  # the batch cap limits the running set (else lowering it changes nothing)
+    ttft_breached: bool
+    tpot_breached: bool
+    kv_full: bool
+    recently_lowered: bool  # a TPOT-driven decrease has not shown in the windowed P99 yet
+    settled: bool  # the last scale-up could show in the windowed P99
+
+
+def _facts(state: LoopState, batch: int, obs: Observation, p: LawParams, now: float) -> _Facts:
+    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
+    running = float(obs.running_per_replica)  # type: ignore[arg-type]
+    return _Facts(
+        queue=queue,
+        queue_long=queue > p.target_queue + p.deadband,
+        cap_binds=running >= 0.8 * batch,
+        ttft_breached=_above(obs.p99_ttft_seconds, p.slo_ttft_s),
+        tpot_breached=_above(obs.p99_tpot_seconds, p.slo_tpot_s),
+        kv_full=_above(obs.kv_usage, p.kv_usage_ceiling),
+        recently_lowered=not _quiet_since(state.last_batch_decrease, now, _showing_s(p)),
+        settled=_quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s),
+    )
+
+
+@dataclass(frozen=True)
 class _BatchStep:
     batch: int
     direction: int
@@ -264,42 +330,32 @@ def _showing_s(p: LawParams) -> float:
     return max(p.scale_up_window_s, p.slo_window_s)
 
 
-def _cap_binds(batch: int, obs: Observation) -> bool:
-    """The batch cap is what limits the running set (else lowering it changes nothing)."""
-    running = obs.running_per_replica
-    return _known(running) and running >= 0.8 * batch  # type: ignore[operator]
-
-
-def _batch_step(
-    state: LoopState, batch: int, obs: Observation, p: LawParams, now: float
+def _batch_rule(
+    state: LoopState, batch: int, f: _Facts, obs: Observation, p: LawParams
 ) -> _BatchStep:
-    """The sign-step on the batch, with the step doubling while its direction repeats."""
-    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
-    tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
-    kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
-    # After a TPOT-driven decrease the windowed P99 still holds the old batch: no raise until the
-    # window has seen the new one, or the batch would climb straight back into the breach.
-    recently_lowered = not _quiet_since(state.last_batch_decrease, now, _showing_s(p))
+    """The sign-step on the batch, with the step doubling while its direction repeats. After a
+    TPOT-driven decrease the windowed P99 still holds the old batch: no step either way until
+    the window has seen the new one, or the batch would climb straight back into the breach."""
     direction, why = 0, ""
-    if tpot_breached and _cap_binds(batch, obs):
-        if _quiet_since(state.last_batch_decrease, now, _showing_s(p)):
+    if f.tpot_breached and f.cap_binds:
+        if not f.recently_lowered:
             direction = -1
             why = f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the cap"
         else:
             why = "P99 TPOT above SLO, waiting for the last step to show"
-    elif tpot_breached:
+    elif f.tpot_breached:
         why = "P99 TPOT above SLO below the cap: step time comes from load, not from the batch"
-    elif kv_full:
+    elif f.kv_full:
         why = f"KV usage {obs.kv_usage:.0%} > ceiling {p.kv_usage_ceiling:.0%}: pods at their cap"
-    elif (queue > p.target_queue + p.deadband or _cap_binds(batch, obs)) and not recently_lowered:
+    elif (f.queue_long or f.cap_binds) and not f.recently_lowered:
         # Raise before the cap queues anyone: the batch is the fast knob, pods the slow one.
         direction = 1
         why = (
-            f"queue {queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g}"
-            if queue > p.target_queue + p.deadband
+            f"queue {f.queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g}"
+            if f.queue_long
             else f"running {obs.running_per_replica:.0f}/replica near the cap {batch}"
         )
-    elif queue > p.target_queue + p.deadband or _cap_binds(batch, obs):
+    elif f.queue_long or f.cap_binds:
         why = "the cap binds, but the batch was lowered for TPOT within the window"
     if direction == 0:
         return _BatchStep(batch, 0, 0, why)
@@ -316,104 +372,75 @@ def _batch_step(
 def _capacity_per_replica(batch: int, obs: Observation, p: LawParams) -> float:
     """Sequences one pod can run: the batch, or fewer when the KV cache binds first."""
     capacity = float(batch)
-    if (
-        _known(obs.kv_usage)
-        and obs.kv_usage > 0.05  # type: ignore[operator]
-        and _known(obs.running_per_replica)
-        and obs.running_per_replica > 0  # type: ignore[operator]
-    ):
+    kv, running = float(obs.kv_usage), float(obs.running_per_replica)  # type: ignore[arg-type]
+    if kv > 0.05 and running > 0:
         # A pod holds what memory allows (judged by the fullest pod's usage).
-        by_memory = obs.running_per_replica * p.kv_usage_ceiling / obs.kv_usage  # type: ignore[operator]
-        capacity = min(capacity, by_memory)
+        capacity = min(capacity, running * p.kv_usage_ceiling / kv)
     return max(capacity, 1.0)
 
 
-def _in_flight(obs: Observation) -> float | None:
-    """Requests in the reporting pods (running + waiting), or None when either is unknown."""
-    if not _known(obs.running_per_replica) or not _known(obs.queue_per_replica):
-        return None
-    return (obs.running_per_replica + obs.queue_per_replica) * obs.reporting  # type: ignore[operator]
+def _pods(load: float, p: LawParams) -> int:
+    """⌈load⌉ pods; a load past the fleet's maximum is the maximum (a rate near zero would ask
+    for more pods than a float holds)."""
+    return math.ceil(min(load, p.replicas_max + 1.0) - 1e-9)
 
 
 @dataclass(frozen=True)
 class _Demand:
     replicas: int  # R*
     text: str
-    service_rate: float | None  # requests/s one pod completes when saturated, last measured
-    service_parallelism: float | None  # the requests a pod served at once when μ was measured
+    service_rate: float | None  # requests/s one pod completes when saturated, best measured
+    service_rate_at: float | None
 
 
-def pooled_replicas(load: float, utilization: float, parallelism: float | None) -> float:
-    """Pods for `load` pods' worth of work (λ/μ), with the headroom queueing needs.
-    `utilization` is the target for a pod that serves one request's bottleneck at a time (a
-    prefill pipeline): headroom load·(1/ρ − 1). A pod that serves N requests at once (N batch
-    slots bind) is N servers, and a pool of N servers needs 1/√N of that headroom for the same
-    chance of queueing (the square-root staffing rule), so a decode-bound pod runs near full."""
-    servers = max(1.0, parallelism or 1.0)
-    return load + load * (1.0 / utilization - 1.0) / math.sqrt(servers)
+def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, now: float) -> bool:
+    """Whether `sample` replaces a learnt rate: it is higher, or the rate is a budget window old
+    (what a pod could do an hour ago gives way to what it does now)."""
+    return rate is None or sample > rate or at is None or now - at >= p.budget_window_s
 
 
 def _demand(
     capacity: float,
     obs: Observation,
     p: LawParams,
+    state: LoopState,
     *,
     utilization: float,
     saturated: bool,
-    cap_binds: bool,
-    service_rate: float | None,
-    service_parallelism: float | None,
-    growth: float,
+    now: float,
 ) -> _Demand:
     """R* from two limits of a pod, whichever needs more pods:
     - slots (Little's law on the gauges): running + waiting over ρ · capacity;
-    - throughput: arrivals (completions + refusals + the growth of the requests in flight since
-      the last tick, plus a backlog drained within one SLO window) over ρ · μ, with μ the
-      requests/s a pod completes when compute-saturated (a queue with free batch slots),
-      measured then and remembered.
+    - throughput: arrivals (completions + refusals, plus a backlog drained within one SLO
+      window) over ρ · μ, with μ the requests/s a pod completes when compute-saturated (a queue
+      with free batch slots), measured then and remembered.
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
-      term sees them, and it keeps a scale-down from undoing what a burst taught. Its headroom
-      follows how many requests a pod served at once when μ was measured (`pooled_replicas`)."""
+      term sees them, and it keeps a scale-down from undoing what a burst taught."""
     ready, reporting = obs.ready_replicas, obs.reporting
-    running = obs.running_per_replica if _known(obs.running_per_replica) else 0.0
-    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
+    running, queue = float(obs.running_per_replica), float(obs.queue_per_replica)  # type: ignore[arg-type]
     # A ready pod whose scrape failed is counted as full: the queue must not look short exactly
     # when a pod is overloaded.
-    sequences = (running + queue) * reporting + (ready - reporting) * capacity  # type: ignore[operator]
-    by_slots = math.ceil(sequences / (utilization * capacity) - 1e-9)
+    sequences = (running + queue) * reporting + (ready - reporting) * capacity
+    by_slots = _pods(sequences / (utilization * capacity), p)
     text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {utilization:g}"
-    finished = obs.finished_per_s
-    if not _known(finished) or finished <= 0:  # type: ignore[operator]
-        return _Demand(by_slots, text, service_rate, service_parallelism)
-
-    if saturated:
-        # The windowed rate of a pod that saturated partway through the window reads low: keep
-        # the best rate a saturated pod has shown (a mix that got slower saturates pods sooner,
-        # and the TTFT rule adds pods for it).
-        sample = finished / ready  # type: ignore[operator]
-        if service_rate is None or sample > service_rate:
-            service_rate = sample
-            # Batch slots that bind make the running set the pod's servers; free slots mean a
-            # serial bottleneck (prefill, the step's token budget) held it: one server.
-            service_parallelism = running if cap_binds else 1.0
-    if service_rate is None or service_rate <= 0:
-        return _Demand(by_slots, text, service_rate, service_parallelism)
-    rejected = obs.rejected_per_s if _known(obs.rejected_per_s) else 0.0
+    rate, rate_at = state.service_rate, state.service_rate_at
+    finished = float(obs.finished_per_s)  # type: ignore[arg-type]
+    if finished <= 0:
+        return _Demand(by_slots, text, rate, rate_at)
+    # The windowed rate of a pod that saturated partway through the window reads low: keep the
+    # best rate a saturated pod has shown (a mix that got slower saturates pods sooner, and the
+    # TTFT rule adds pods for it) until it is a budget window old.
+    if saturated and _fresher(rate, rate_at, finished / ready, p, now):
+        rate, rate_at = finished / ready, now
+    if rate is None or rate < MIN_RATE:
+        return _Demand(by_slots, text, rate, rate_at)
     backlog = queue * reporting / p.slo_window_s if saturated else 0.0
-    # Completions and refusals are rates over the SLO window and lag a burst; the growth of the
-    # requests in flight is the tick's own view of the arrivals they have not caught up with.
-    arrivals = finished + rejected + backlog + growth  # type: ignore[operator]
-    pods = pooled_replicas(arrivals / service_rate, utilization, service_parallelism)
-    by_rate = math.ceil(pods - 1e-9)
+    arrivals = finished + float(obs.rejected_per_s) + backlog  # type: ignore[arg-type]
+    by_rate = _pods(arrivals / (utilization * rate), p)
     if by_rate <= by_slots:
-        return _Demand(by_slots, text, service_rate, service_parallelism)
-    return _Demand(
-        by_rate,
-        f"{arrivals:.1f} req/s to serve, {service_rate:.2f}/pod when saturated serving "
-        f"{service_parallelism or 1:.0f} at once, ρ {utilization:g}",
-        service_rate,
-        service_parallelism,
-    )
+        return _Demand(by_slots, text, rate, rate_at)
+    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod when saturated, ρ {utilization:g}"
+    return _Demand(by_rate, text, rate, rate_at)
 
 
 #: How much more than the most a pod has served well a scale-down may ask of each pod: a fleet
@@ -421,21 +448,25 @@ def _demand(
 PROBE_GROWTH = 1.25
 
 
-def _proven(rate: float | None, obs: Observation, *, breached: bool) -> tuple[float | None, int]:
-    """The most requests/s a pod has served with TTFT and TPOT within their SLOs, and the fewest
-    pods that serve the current arrivals at `PROBE_GROWTH` times that rate. A scale-down never
-    goes below it: fewer pods would each serve more than any pod has been seen to serve well (the
-    slots alone say a pod holds its whole batch cap, which a compute-bound pod never reaches)."""
-    finished = obs.finished_per_s
-    if not _known(finished) or finished <= 0:  # type: ignore[operator]
-        return rate, 0
-    if not breached:
-        sample = finished / obs.ready_replicas  # type: ignore[operator]
-        rate = sample if rate is None else max(rate, sample)
-    if rate is None or rate <= 0:
-        return rate, 0
-    rejected = obs.rejected_per_s if _known(obs.rejected_per_s) else 0.0
-    return rate, math.ceil((finished + rejected) / (PROBE_GROWTH * rate) - 1e-9)  # type: ignore[operator]
+def _proven(
+    state: LoopState, obs: Observation, p: LawParams, *, breached: bool, now: float
+) -> tuple[float | None, float | None, int]:
+    """The most requests/s a pod has served with TTFT and TPOT within their SLOs (until it is a
+    budget window old), when it was learnt, and the fewest pods that serve the current arrivals
+    at `PROBE_GROWTH` times that rate. A scale-down goes below it only once it has held the
+    fleet for a budget window (`decide`): fewer pods would each serve more than any pod has been
+    seen to serve well (the slots alone say a pod holds its whole batch cap, which a
+    compute-bound pod never reaches)."""
+    rate, at = state.proven_rate, state.proven_rate_at
+    finished = float(obs.finished_per_s)  # type: ignore[arg-type]
+    if finished <= 0:
+        return rate, at, 0
+    if not breached and _fresher(rate, at, finished / obs.ready_replicas, p, now):
+        rate, at = finished / obs.ready_replicas, now
+    if rate is None or rate < MIN_RATE:
+        return rate, at, 0
+    arrivals = finished + float(obs.rejected_per_s)  # type: ignore[arg-type]
+    return rate, at, _pods(arrivals / (PROBE_GROWTH * rate), p)
 
 
 def _error_budget(was_spent: bool, obs: Observation, p: LawParams) -> tuple[bool, bool]:
@@ -443,25 +474,64 @@ def _error_budget(was_spent: bool, obs: Observation, p: LawParams) -> tuple[bool
     Hysteresis: spent once a P99 over the budget window breaks its SLO (over 1 % of requests
     missed), kept again only once every P99.5 is within its SLO (half the budget left). Without
     the margin ρ flips back to the target with no budget left for the next burst, and a burst
-    caught at that ρ spends it many times over."""
+    caught at that ρ spends it many times over. A budget window without a request (no P99.5 at
+    all) missed nothing: an idle service gets its budget back."""
     if (
         _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
         or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
         or _above(obs.budget_p99_seconds, p.slo_e2e_s)
     ):
         return True, False
-    half_back = (
-        _known(obs.budget_p995_ttft_seconds)
-        and obs.budget_p995_ttft_seconds <= p.slo_ttft_s  # type: ignore[operator]
-        and not _above(obs.budget_p995_tpot_seconds, p.slo_tpot_s)
-        and not _above(obs.budget_p995_seconds, p.slo_e2e_s)
-    )
+    slos = (p.slo_ttft_s, p.slo_tpot_s, p.slo_e2e_s)
+    p995s = (obs.budget_p995_ttft_seconds, obs.budget_p995_tpot_seconds, obs.budget_p995_seconds)
+    budget_window = (obs.budget_p99_ttft_seconds, obs.budget_p99_tpot_seconds, *p995s)
+    empty = not any(_known(value) for value in budget_window)
+    within = not any(_above(value, slo) for value, slo in zip(p995s, slos, strict=True))
+    half_back = empty or (_known(obs.budget_p995_ttft_seconds) and within)
     recovering = was_spent and not half_back
     return recovering, recovering
 
 
+def _missing(obs: Observation) -> list[str]:
+    """The series the law needs that this round lacks: a partial round is a missing one (a
+    missing completion counter would silently drop the throughput term and the floor)."""
+    series = {
+        "waiting": obs.queue_per_replica,
+        "running": obs.running_per_replica,
+        "KV usage": obs.kv_usage,
+        "completions": obs.finished_per_s,
+        "rejections": obs.rejected_per_s,
+    }
+    return [name for name, value in series.items() if not _known(value)]
+
+
+def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]:
+    """The state with what it learnt forgotten when the model, the GPU or the SLOs changed (a
+    state that predates the key adopts it)."""
+    if state.learned_for in (None, p.learned_key):
+        return replace(state, learned_for=p.learned_key), []
+    forgotten = replace(
+        state,
+        service_rate=None,
+        service_rate_at=None,
+        proven_rate=None,
+        proven_rate_at=None,
+        budget_spent=False,
+        tpot_pod_p99=None,
+        tpot_futile=False,
+        floor_since=None,
+        learned_for=p.learned_key,
+    )
+    return forgotten, ["the model, GPU or SLOs changed: the learnt rates start afresh"]
+
+
+#: A pod added for a TPOT breach below the cap that lowers the P99 by less than this share of it
+#: shows that more pods will not meet the SLO.
+TPOT_GAIN = 0.1
+
+
 def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
-    """One tick of the law: the next batch size and replica count, and why."""
+    """One tick of the law: the batch rule, then the replica rule, and why."""
     p = params
     batch = p.clip_batch(state.batch)
     replicas = p.clip_replicas(state.replicas)
@@ -471,8 +541,11 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         notes.append(f"batch clipped to [{p.batch_floor}, {p.batch_cap}]")
     if replicas != state.replicas:
         notes.append(f"replicas clipped to [{p.replicas_floor}, {p.replicas_max}]")
-    if not _known(obs.queue_per_replica) or obs.ready_replicas < 1 or obs.reporting_replicas == 0:
-        why = "no ready replicas" if obs.ready_replicas < 1 else "queue metric missing"
+    missing = _missing(obs)
+    if obs.ready_replicas < 1 or obs.reporting_replicas == 0 or missing:
+        why = "no ready replicas" if obs.ready_replicas < 1 else "no pod reports its metrics"
+        if obs.ready_replicas >= 1 and missing and obs.reporting_replicas != 0:
+            why = f"metrics missing: {', '.join(missing)}"
         return _holding(
             state,
             batch,
@@ -480,33 +553,28 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
             "; ".join([why, *notes]),
             memory_bound=memory_bound and batch >= p.batch_cap,
         )
+    state, forgotten = _fresh_memory(state, p)
+    notes += forgotten
+    f = _facts(state, batch, obs, p, now)
 
-    step = _batch_step(state, batch, obs, p, now)
-    # The batch is the fast knob: size the fleet for the batch it can reach within its TPOT SLO,
-    # the cap, unless TPOT has bound it (now, or within the window since it was lowered).
-    tpot_bound = _above(obs.p99_tpot_seconds, p.slo_tpot_s) or not _quiet_since(
-        state.last_batch_decrease, now, _showing_s(p)
-    )
-    heading = step.batch if tpot_bound else p.batch_cap
-    in_flight = _in_flight(obs)
-    growth = 0.0
-    last, last_at = state.in_flight, state.in_flight_at
-    if in_flight is not None and last is not None and last_at is not None and now > last_at:
-        growth = max(0.0, in_flight - last) / (now - last_at)
-    capacity = _capacity_per_replica(heading, obs, p)
+    # The batch rule: the fast knob, on what the batch controls.
+    step = _batch_rule(state, batch, f, obs, p)
+
+    # The replica rule: R* from demand at the batch the pods are heading for: the cap, unless
+    # TPOT has bound it (now, or within the window since it was lowered).
+    tpot_bound = f.tpot_breached or f.recently_lowered
+    capacity = _capacity_per_replica(step.batch if tpot_bound else p.batch_cap, obs, p)
     # Saturated: requests have queued for a while although the pods have free batch slots
     # (prefill, the step's token budget or KV hold them back), or behind a cap that can rise no
     # further (the memory cap, or TPOT binds it). A passing queue is noise: the completions then
     # are the arrivals, not what a pod can do. A queue behind a cap that can still rise is the
     # batch's to fix, and a rate measured there says nothing of a larger batch.
-    queue_long = obs.queue_per_replica > p.target_queue + p.deadband  # type: ignore[operator]
     final_cap = batch >= p.batch_cap or tpot_bound
     saturated_since = None
-    if queue_long and (final_cap or not _cap_binds(batch, obs)):
+    if f.queue_long and (final_cap or not f.cap_binds):
         saturated_since = _since(state.saturated_since, now)
-    ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
-    queueing = obs.queue_per_replica > 0  # type: ignore[operator]
-    breached_since = _since(state.breached_since, now) if ttft_breached else None
+    queueing = f.queue > 0
+    breached_since = _since(state.breached_since, now) if f.ttft_breached else None
     # A TTFT breach that outlasts a window's memory of one spike, while requests still wait behind
     # free batch slots, is a pod at what it can serve within the SLO: long prompts wait for their
     # prefill, few but heavy, and never make the queue long. Its completions teach μ too.
@@ -514,37 +582,45 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         breached_since is not None
         and now - breached_since >= p.slo_window_s + p.scale_up_window_s
         and queueing
-        and not _cap_binds(batch, obs)
+        and not f.cap_binds
     )
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
     budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
     utilization = p.utilization(budget_spent=budget_spent)
-    demand = _demand(
-        capacity,
-        obs,
-        p,
-        utilization=utilization,
-        saturated=saturated,
-        cap_binds=_cap_binds(batch, obs),
-        service_rate=state.service_rate,
-        service_parallelism=state.service_parallelism,
-        growth=growth,
+    demand = _demand(capacity, obs, p, state, utilization=utilization, saturated=saturated, now=now)
+    # A pod pending past its pod start is not on its way: it is no capacity, and its place in
+    # the Deployment's count is asked for again.
+    desired = p.clip_replicas(demand.replicas + obs.stalled_replicas)
+    proven_rate, proven_at, proven_floor = _proven(
+        state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now
     )
-    desired = p.clip_replicas(demand.replicas)
-    tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
-    proven_rate, proven_floor = _proven(
-        state.proven_rate, obs, breached=ttft_breached or tpot_breached
-    )
+    floor_since = _since(state.floor_since, now) if desired < replicas <= proven_floor else None
+    if floor_since is not None and now - floor_since >= p.budget_window_s:
+        proven_floor = replicas - 1  # held the fleet for a budget window: it yields a pod
     # The windowed P99 remembers a spike for a window after its queue drained: only a queue past
     # Q* that lasts says the fleet is short now (a pod added for a spike gone arrives idle).
-    queued_since = _since(state.queued_since, now) if queue_long else None
+    queued_since = _since(state.queued_since, now) if f.queue_long else None
     queue_lasts = queued_since is not None and now - queued_since >= p.scale_up_window_s
-    # Latency breaches that no batch step can fix: queueing (TTFT) or step time from load (TPOT
-    # below the cap). One more pod, once the last one could show in the windowed P99.
-    lagging_breach = (ttft_breached and queue_lasts) or (
-        tpot_breached and not _cap_binds(batch, obs)
+    # A TPOT breach below the cap comes from load: one more pod may fix it. If that pod, once it
+    # could show, did not lower the P99, no pod will: stop adding them, and let demand size the
+    # fleet again (the breach is reported, not chased).
+    tpot_pod_p99, tpot_futile = (
+        (state.tpot_pod_p99, state.tpot_futile) if f.tpot_breached else (None, False)
+    )
+    tpot = obs.p99_tpot_seconds
+    if f.tpot_breached and f.settled and tpot_pod_p99 is not None:
+        tpot_futile = tpot_futile or tpot > (1 - TPOT_GAIN) * tpot_pod_p99  # type: ignore[operator]
+    at_floor = f.tpot_breached and batch <= p.batch_floor and not f.recently_lowered
+    tpot_unattainable = tpot_futile or at_floor
+    tpot_pod = f.tpot_breached and not f.cap_binds and not tpot_unattainable
+    # Breaches more pods or a smaller batch may fix block a scale-down: TTFT while requests
+    # queue (without a queue it comes from prefill, not from the fleet's size); TPOT while the
+    # batch steps down at the cap, or below it while a pod may be tried or the one tried helped.
+    tried = tpot_pod_p99 is not None or desired >= replicas
+    fixable_breach = (f.ttft_breached and queueing) or (
+        f.tpot_breached and not tpot_unattainable and (f.cap_binds or tried)
     )
 
     # The smallest ask while demand keeps asking for more (a spike must persist), the largest
@@ -563,29 +639,29 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         down_target = min(down_target, replicas - 1)
 
     new_replicas, replicas_why = replicas, ""
-    # A lagging signal (windowed P99) may ask again only once the last step could show in it.
-    settled = _quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s)
     if up_since is not None and up_target is not None and now - up_since >= p.scale_up_window_s:
         new_replicas = min(up_target, replicas + p.replicas_max_step)
         replicas_why = f"R* {desired} > {replicas} ({demand.text})"
     elif (
-        lagging_breach
-        and settled
+        ((f.ttft_breached and queue_lasts) or tpot_pod)
+        and desired >= replicas
+        and f.settled  # a lagging signal (windowed P99) asks again once the last step could show
         and not obs.pending_replicas  # pods on their way are the answer already
         and replicas < p.replicas_max
-        and desired >= replicas
     ):
         new_replicas = replicas + 1
-        replicas_why = (
-            f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a lasting queue"
-            if ttft_breached and queue_lasts
-            else f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s below the cap"
-        )
+        if f.ttft_breached and queue_lasts:
+            replicas_why = (
+                f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a lasting queue"
+            )
+        else:
+            tpot_pod_p99 = tpot
+            replicas_why = f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s below the cap"
     elif (
         down_since is not None
         and down_target is not None
         and now - down_since >= p.scale_down_window_s
-        and not (ttft_breached or tpot_breached)
+        and not fixable_breach
         and step.direction == 0
     ):
         # Straight to the largest ask of the window: it already is the stabilized answer.
@@ -600,19 +676,25 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
             f"{proven_rate:.2f} req/s a pod has served within the SLOs"
         )
     if new_replicas != replicas:
-        up_since = up_target = down_since = down_target = None
+        up_since = up_target = down_since = down_target = floor_since = None
     if obs.pending_replicas and new_replicas > replicas:
         notes.append(f"{obs.pending_replicas} pod(s) still starting count as capacity")
+    if obs.stalled_replicas:
+        notes.append(
+            f"{obs.stalled_replicas} pod(s) pending past the pod start {p.pod_start_s:g}s + "
+            f"{STALL_MARGIN_S:g}s count as no capacity"
+        )
 
     unattainable = None
-    if (
-        tpot_breached
-        and batch <= p.batch_floor
-        and _quiet_since(state.last_batch_decrease, now, _showing_s(p))
-    ):
+    if at_floor:
         unattainable = (
-            f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the smallest "
+            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s at the smallest "
             f"batch {p.batch_floor}: no batch size meets it"
+        )
+    elif tpot_futile:
+        unattainable = (
+            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s below the cap, and one more pod did "
+            "not lower it: no fleet size meets it"
         )
     elif p.slo_e2e_s is not None and _above(obs.p99_service_seconds, p.slo_e2e_s) and not queueing:
         unattainable = (
@@ -627,8 +709,9 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         parts.append(f"replicas {replicas}→{new_replicas} ({replicas_why})")
     if not parts:
         parts.append(f"hold: {step.why or demand.text}")
-    slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
-    new_state = LoopState(
+    slo_breached = f.ttft_breached or f.tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
+    new_state = replace(
+        state,
         batch=step.batch,
         replicas=new_replicas,
         batch_direction=step.direction,
@@ -641,16 +724,17 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         last_scale_up=now if new_replicas > replicas else state.last_scale_up,
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
         service_rate=demand.service_rate,
-        service_parallelism=demand.service_parallelism,
+        service_rate_at=demand.service_rate_at,
         proven_rate=proven_rate,
-        in_flight=in_flight,
-        in_flight_at=now if in_flight is not None else None,
+        proven_rate_at=proven_at,
         saturated_since=saturated_since,
         queued_since=queued_since,
         breached_since=breached_since,
         budget_spent=budget_spent,
+        tpot_pod_p99=tpot_pod_p99,
+        tpot_futile=tpot_futile,
+        floor_since=floor_since,
     )
-    kv_full = _above(obs.kv_usage, p.kv_usage_ceiling)
     return Decision(
         batch_before=state.batch,
         batch=step.batch,
@@ -659,7 +743,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         reason="; ".join(parts + notes),
         state=new_state,
         slo_breached=slo_breached,
-        memory_bound=(memory_bound and step.batch >= p.batch_cap) or kv_full,
+        memory_bound=(memory_bound and step.batch >= p.batch_cap) or f.kv_full,
         desired_replicas=desired,
         unattainable=unattainable,
         utilization=utilization,

@@ -30,10 +30,19 @@ class PodView:
     ip: str | None
     ready: bool
     terminating: bool
+    created: float | None = None  # metadata.creationTimestamp, Unix seconds
 
     @property
     def pending(self) -> bool:
         return not self.ready and not self.terminating
+
+    def stalled(self, now: float | None, after_s: float) -> bool:
+        """Pending for longer than `after_s`: not on its way (a bad node, an image that never
+        pulls), so no capacity."""
+        return (
+            self.pending and now is not None and self.created is not None
+            and now - self.created > after_s
+        )  # fmt: skip
 
 
 def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView:
@@ -41,18 +50,35 @@ def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    created = meta.get("creationTimestamp")
     return PodView(
         name=name,
         uid=meta.get("uid", ""),
         ip=status.get("podIP"),
         ready=ready and status.get("phase") == "Running",
         terminating=meta.get("deletionTimestamp") is not None,
+        created=None if created is None else unix_seconds(created),
     )
 
 
-def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
+def unix_seconds(stamp: str) -> float | None:
+    """A metav1.Time as Unix seconds (None when it is not one)."""
+    try:
+        return datetime.strptime(stamp, cond.ISO_SECONDS).replace(tzinfo=UTC).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def observe(
+    signals: ServiceSignals,
+    pods: list[PodView],
+    *,
+    now: float | None = None,
+    stalled_after_s: float = math.inf,
+) -> Observation:
     ready = sum(1 for pod in pods if pod.ready)
-    pending = sum(1 for pod in pods if pod.pending)
+    stalled = sum(1 for pod in pods if pod.stalled(now, stalled_after_s))
+    pending = sum(1 for pod in pods if pod.pending) - stalled
     # Sums cover the pods whose scrape succeeded; per-pod figures divide by those, and the law
     # counts the silent ready ones as full.
     reporting = ready if signals.reporting_pods is None else min(signals.reporting_pods, ready)
@@ -81,6 +107,7 @@ def observe(signals: ServiceSignals, pods: list[PodView]) -> Observation:
         reporting_replicas=reporting if ready else None,
         finished_per_s=signals.finished_per_s,
         rejected_per_s=signals.rejected_per_s,
+        stalled_replicas=stalled,
     )
 
 
@@ -123,7 +150,7 @@ def control_tick(
     The law sees the online lane only; a batch-lane deadline (opt-in) may add replicas beside it
     (`backlog.compose`)."""
     params = LawParams.from_spec(spec, batch_mem=batch_mem)
-    obs = observe(signals, pods)
+    obs = observe(signals, pods, now=now, stalled_after_s=params.stalled_after_s)
     decision = law(state, obs, params, now)
     backlog = batch_lane_backlog(spec, signals, obs)
     decision = compose(decision, backlog, before=state, obs=obs, params=params, now=now)
@@ -269,7 +296,15 @@ def decision_status(
             "PartiallyReady",
             f"{obs.ready_replicas} of {decision.replicas} replica(s) ready",
         )
-    if obs.pending_replicas:
+    if obs.stalled_replicas:
+        put(
+            cond.PODS_PENDING,
+            True,
+            "PendingPastPodStart",
+            f"{obs.stalled_replicas} pod(s) pending past the pod start and a margin: not counted "
+            "as capacity",
+        )
+    elif obs.pending_replicas:
         put(cond.PODS_PENDING, True, "PodsStarting", f"{obs.pending_replicas} pod(s) not ready yet")
     else:
         put(cond.PODS_PENDING, False, "NoPendingPods")

@@ -41,6 +41,12 @@ POLICIES: dict[str, str] = {
     "sign-step": "the clipped sign-step rule the law started from (decide_sign_step): the batch "
     "moves one step on the sign of the queue's error, the replicas by one pod once the batch is "
     "at its cap; kept for comparison",
+    "wok-frozen-cap": "the law with its batch pinned at min(B_max, B_mem) every tick (an "
+    "ablation: what the moving batch buys; not in `all`)",
+    "wok-frozen-plan": "the law with its batch pinned at `wok plan`'s B_opt for the trace's mix "
+    "(an ablation; not in `all`)",
+    "wok-start-cap": "the law with its batch starting at the cap instead of the spec's initial "
+    "batch, then moving as usual (not in `all`)",
     "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
     "(a search over replica counts, one simulation each)",
     "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",

@@ -1,4 +1,8 @@
-"""The `wok` and `sign-step` policies: the operator's own control law, driven by the simulator.
+"""The `wok` and `sign-step` policies: the operator's own control law, driven by the simulator; and
+the batch knob's two ablations, `wok-frozen-cap` and `wok-frozen-plan`: the same law with its
+batch pinned (at min(B_max, B_mem), or at `wok plan`'s B_opt for the trace's mix) every tick, so
+that what the moving batch buys is measured on the same arrivals. `wok-start-cap` is the law
+with its batch starting at the cap instead of the spec's initial batch (then moving as usual).
 
 No copy of the law: the spec is an `InferenceServiceSpec` (defaults, plus the SLOs and replica
 limits of the run), the parameters come from `LawParams.from_spec`, each tick goes through the
@@ -15,8 +19,10 @@ from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
 from wok_operator.control import LawParams, decide, decide_sign_step
 from wok_operator.loop import Law, control_tick, initial_state
+from wok_sim.plan import LengthMix, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
+from wok_sim.report import Slos
 
 
 def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:
@@ -45,7 +51,9 @@ class LawPolicy:
 
     fixed_batch: int | None = None
 
-    def __init__(self, name: str, law: Law, ctx: PolicyContext) -> None:
+    def __init__(
+        self, name: str, law: Law, ctx: PolicyContext, *, pinned_batch: int | None = None
+    ) -> None:
         self.spec = simulated_spec(ctx)
         self.name = name
         self.law = law
@@ -53,7 +61,9 @@ class LawPolicy:
         self.length: int | None = None
         params = LawParams.from_spec(self.spec, batch_mem=self.batch_mem(None))
         self.interval_s = float(self.spec.scaling.interval_seconds)
+        self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
+        self.state = replace(self.state, batch=self.pinned(params.batch_cap))
 
     def batch_mem(self, mean_sequence_tokens: float | None) -> int:
         """B_mem as the operator sizes it (`handlers.budget_in_force`) from the same signal; without
@@ -63,6 +73,10 @@ class LawPolicy:
 
     def start(self) -> Action:
         return Action(batch=self.state.batch, replicas=self.state.replicas, reason="initial state")
+
+    def pinned(self, cap: int) -> int:
+        """The batch the law runs with: its own, or the ablation's pin (never above the cap)."""
+        return self.state.batch if self.pinned_batch is None else min(self.pinned_batch, cap)
 
     def decide(self, view: FleetView) -> Action:
         result = control_tick(
@@ -75,8 +89,9 @@ class LawPolicy:
             law=self.law,
         )
         decision = result.decision
-        self.state = decision.state
-        return Action(batch=decision.batch, replicas=decision.replicas, reason=decision.reason)
+        # An ablation overrides the batch of every decision and leaves the replica rule alone.
+        self.state = replace(decision.state, batch=self.pinned(result.params.batch_cap))
+        return Action(batch=self.state.batch, replicas=decision.replicas, reason=decision.reason)
 
 
 def _wok(ctx: PolicyContext) -> list[Policy]:
@@ -84,6 +99,36 @@ def _wok(ctx: PolicyContext) -> list[Policy]:
 
 
 register("wok", PolicyEntry(variants=_wok))
+
+
+def plan_batch(ctx: PolicyContext) -> int:
+    """`wok plan`'s B_opt for the whole trace's length mix and the run's SLOs (1 when no batch
+    meets them: the planner then has no answer, and the smallest batch is the closest)."""
+    mix = LengthMix.of_requests(ctx.requests, ctx.profile.max_model_len)
+    try:
+        return plan(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)).b_opt
+    except ValueError:
+        return 1
+
+
+def _frozen_cap(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("wok-frozen-cap", decide, ctx, pinned_batch=1 << 30)]
+
+
+def _frozen_plan(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("wok-frozen-plan", decide, ctx, pinned_batch=plan_batch(ctx))]
+
+
+def _start_cap(ctx: PolicyContext) -> list[Policy]:
+    policy = LawPolicy("wok-start-cap", decide, ctx)
+    cap = LawParams.from_spec(policy.spec, batch_mem=policy.batch_mem(None)).batch_cap
+    policy.state = replace(policy.state, batch=cap)
+    return [policy]
+
+
+register("wok-frozen-cap", PolicyEntry(variants=_frozen_cap, in_all=False))
+register("wok-start-cap", PolicyEntry(variants=_start_cap, in_all=False))
+register("wok-frozen-plan", PolicyEntry(variants=_frozen_plan, in_all=False))
 
 
 def _sign_step(ctx: PolicyContext) -> list[Policy]:

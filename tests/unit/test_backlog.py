@@ -161,6 +161,8 @@ def test_a_scale_down_the_backlog_still_needs_is_held():
         running_per_replica=0.5,
         p99_ttft_seconds=0.05,
         p99_tpot_seconds=0.01,
+        finished_per_s=0.0,
+        rejected_per_s=0.0,
     )
     law = decide(before, obs, params, now=1000.0)
     assert law.replicas < 4  # the online demand alone would scale down

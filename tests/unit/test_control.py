@@ -15,8 +15,9 @@ from wok_operator.control import (
     Observation,
     decide,
     decide_sign_step,
-    pooled_replicas,
 )
+from wok_operator.loop import PodView, decision_status, observe, pod_view
+from wok_operator.signals import ServiceSignals
 
 
 @st.composite
@@ -48,19 +49,32 @@ def law_params(draw: st.DrawFn) -> LawParams:
 
 maybe_metric = st.one_of(st.none(), st.just(math.nan), st.floats(0, 1000))
 maybe_time = st.one_of(st.none(), st.floats(0, 1000))
+# Mostly present, as a real round is (a missing one holds, and has its own tests), with rates
+# from the subnormal to the absurd.
+rate = st.one_of(st.floats(0, 1000), st.floats(0, 1e-300), st.none())
+latency = st.one_of(st.floats(0, 60), st.none())
 
 observations = st.builds(
     Observation,
-    queue_per_replica=maybe_metric,
-    kv_usage=st.one_of(st.none(), st.just(math.nan), st.floats(0, 1)),
+    queue_per_replica=st.one_of(st.floats(0, 1000), maybe_metric),
+    kv_usage=st.one_of(st.floats(0, 1), st.none(), st.just(math.nan)),
     ready_replicas=st.integers(0, 20),
     pending_replicas=st.integers(0, 5),
-    running_per_replica=st.one_of(st.none(), st.floats(0, 300)),
+    running_per_replica=st.one_of(st.floats(0, 300), st.none()),
     p99_ttft_seconds=maybe_metric,
     p99_tpot_seconds=st.one_of(st.none(), st.just(math.nan), st.floats(0, 2)),
     p99_seconds=maybe_metric,
     p99_service_seconds=maybe_metric,
     reporting_replicas=st.one_of(st.none(), st.integers(0, 20)),
+    finished_per_s=rate,
+    rejected_per_s=rate,
+    budget_p99_ttft_seconds=latency,
+    budget_p99_tpot_seconds=st.one_of(st.floats(0, 2), st.none()),
+    budget_p99_seconds=latency,
+    budget_p995_ttft_seconds=latency,
+    budget_p995_tpot_seconds=st.one_of(st.floats(0, 2), st.none()),
+    budget_p995_seconds=latency,
+    stalled_replicas=st.integers(0, 3),
 )
 
 states = st.builds(
@@ -76,10 +90,18 @@ states = st.builds(
     down_target=st.one_of(st.none(), st.integers(0, 30)),
     last_scale_up=maybe_time,
     last_replica_change=maybe_time,
-    service_rate=st.one_of(st.none(), st.floats(0, 100)),
-    service_parallelism=st.one_of(st.none(), st.floats(0, 300)),
-    proven_rate=st.one_of(st.none(), st.floats(0, 100)),
+    service_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
+    service_rate_at=maybe_time,
+    proven_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
+    proven_rate_at=maybe_time,
+    learned_for=st.sampled_from([None, "", "another spec"]),
+    saturated_since=maybe_time,
+    queued_since=maybe_time,
+    breached_since=maybe_time,
     budget_spent=st.booleans(),
+    tpot_pod_p99=st.one_of(st.none(), st.floats(0, 2)),
+    tpot_futile=st.booleans(),
+    floor_since=maybe_time,
 )
 
 
@@ -178,16 +200,24 @@ def obs(
     ttft: float | None = 0.5,
     tpot: float | None = 0.02,
     reporting: int | None = None,
+    finished: float | None = 0.0,
+    rejected: float | None = 0.0,
+    stalled: int = 0,
 ) -> Observation:
+    """A tick's observation; every series the law needs is present unless set to None (no KV
+    usage given reads as an empty cache, no completions as none in the window)."""
     return Observation(
         queue_per_replica=queue,
-        kv_usage=kv,
+        kv_usage=0.0 if kv is None else kv,
         ready_replicas=ready,
         pending_replicas=pending,
         running_per_replica=running,
         p99_ttft_seconds=ttft,
         p99_tpot_seconds=tpot,
         reporting_replicas=reporting,
+        finished_per_s=finished,
+        rejected_per_s=rejected,
+        **({"stalled_replicas": stalled} if stalled else {}),
     )
 
 
@@ -226,6 +256,8 @@ def test_a_tpot_breach_steps_the_batch_down_once_per_window_never_on_e2e_or_ttft
         p99_tpot_seconds=0.02,
         p99_seconds=120,
         p99_service_seconds=90,
+        finished_per_s=0.0,
+        rejected_per_s=0.0,
     )
     assert decide(state, slow, params, now=0).batch >= 64
 
@@ -347,7 +379,10 @@ def test_the_sign_step_law_is_the_plain_clipped_sign_step():
         kv_usage=0.1,
         ready_replicas=1,
         pending_replicas=0,
+        running_per_replica=0.0,
         p99_ttft_seconds=10,
+        finished_per_s=0.0,
+        rejected_per_s=0.0,
     )
     assert decide_sign_step(LoopState(batch=8, replicas=1), breach, params, now=0).batch == 4
 
@@ -471,6 +506,7 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
             pending_replicas=0,
             running_per_replica=below.batch,
             finished_per_s=20.0,
+            rejected_per_s=0.0,
         )
         below = decide(below, o, params, now).state
     assert 100 < below.batch < 200 and below.service_rate is None
@@ -530,6 +566,7 @@ def test_a_ttft_breach_that_outlasts_a_window_with_requests_waiting_teaches_the_
             p99_ttft_seconds=ttft,
             p99_tpot_seconds=0.05,
             finished_per_s=8.0,
+            rejected_per_s=0.0,
         )
 
     state, decision = LoopState(batch=64, replicas=4), None
@@ -553,54 +590,25 @@ def test_a_ttft_breach_that_outlasts_a_window_with_requests_waiting_teaches_the_
     assert decide(broken, heavy(1.0, 4.0), params, 200).state.service_rate is None
 
 
-def test_pooled_headroom_shrinks_with_the_square_root_of_the_requests_a_pod_serves_at_once():
-    # One server (a prefill pipeline): load / ρ, the target utilization as written.
-    assert math.isclose(pooled_replicas(3.0, 0.6, 1.0), 5.0)
-    assert math.isclose(pooled_replicas(3.0, 0.6, None), 5.0)
-    # 100 at once: a tenth of the headroom, 3 + 2 / 10.
-    assert math.isclose(pooled_replicas(3.0, 0.6, 100.0), 3.2)
-    # Never less than the load, and ρ = 1 means no headroom at any parallelism.
-    assert math.isclose(pooled_replicas(3.0, 1.0, 4.0), 3.0)
-    assert pooled_replicas(3.0, 0.6, 0.0) == pooled_replicas(3.0, 0.6, 1.0)
-
-
-def test_a_pod_saturated_at_its_final_cap_is_sized_as_many_servers_one_with_free_slots_as_one():
-    """μ learnt behind a binding cap (B_mem here) records the running set as the pod's servers,
-    and the throughput term's headroom shrinks with it; learnt with free slots (prefill binds),
-    the pod is one server and keeps ρ's full headroom."""
+def test_the_throughput_term_asks_arrivals_over_rho_mu_however_many_a_pod_served_at_once():
+    """μ learnt behind a binding cap (B_mem here) or with free slots (prefill binds) sizes the
+    fleet the same way, arrivals / (ρ · μ): a headroom that shrank with the running set never
+    acted on any trace (docs/control-law.md), and is gone."""
     params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
 
     def learn(running: float) -> LoopState:
         state = LoopState(batch=200, replicas=2)
         for now in (0.0, 10.0):
-            o = Observation(
-                queue_per_replica=4,
-                kv_usage=0.5,
-                ready_replicas=2,
-                pending_replicas=0,
-                running_per_replica=running,
-                finished_per_s=20.0,
-                rejected_per_s=0.0,
-            )
+            o = obs(4, running=running, ready=2, kv=0.5, finished=20.0)
             state = decide(state, o, params, now).state
         return state
 
     at_cap, free = learn(196.0), learn(20.0)
     assert at_cap.service_rate == free.service_rate == 10.0
-    assert at_cap.service_parallelism == 196.0 and free.service_parallelism == 1.0
-    # The same 60 req/s later, slots quiet: 6 pods of work; ρ 0.5 → 12 as one server,
-    # 6 + 6 / 14 → 7 as 196.
-    later = Observation(
-        queue_per_replica=0,
-        kv_usage=0.2,
-        ready_replicas=6,
-        pending_replicas=0,
-        running_per_replica=8,  # as many in flight as when μ was learnt: no growth term
-        finished_per_s=60.0,
-        rejected_per_s=0.0,
-    )
+    # The same 60 req/s later, slots quiet: 6 pods of work at ρ 0.5 → 12.
+    later = obs(0, running=8, ready=6, kv=0.2, finished=60.0)
     assert decide(free, later, params, 500).desired_replicas == 12
-    assert decide(at_cap, later, params, 500).desired_replicas == 7
+    assert decide(at_cap, later, params, 500).desired_replicas == 12
 
 
 def test_a_scale_down_never_steps_below_what_a_pod_has_served_within_its_slos():
@@ -663,7 +671,7 @@ def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     traffic outran the fleet within a pod start, and will again."""
     params = default_params()  # the spec's defaults, up to 32 replicas
     assert (params.target_utilization, params.breached_utilization) == (0.9, 0.6)
-    state = LoopState(batch=200, replicas=6, service_rate=10.0, service_parallelism=1.0)
+    state = LoopState(batch=200, replicas=6, service_rate=10.0)
     steady = six_pods_serving_54_per_s
 
     # 54 req/s at 10 a pod: 5.4 pods of work → 6 at ρ 0.9, 9 at ρ 0.6.
@@ -690,7 +698,7 @@ def test_a_spent_error_budget_keeps_its_headroom_until_half_the_budget_is_back()
     next burst: on the code trace at breachedUtilization 0.55 the fleet ran at ρ 0.9 from minute
     35, shrank to 2 pods and missed 414 requests in the last minute's burst."""
     params = default_params()
-    fresh = LoopState(batch=200, replicas=6, service_rate=10.0, service_parallelism=1.0)
+    fresh = LoopState(batch=200, replicas=6, service_rate=10.0)
     spent = replace(fresh, budget_spent=True)
 
     def steady(p99: float, p995: float | None) -> Observation:
@@ -727,9 +735,10 @@ def test_a_fleet_that_never_ran_hot_still_shrinks_a_step_at_a_time():
     """10 pods serving 20 req/s within the SLOs have shown only 2 a pod; the slots ask for one.
     Each scale-down may ask a quarter more of a pod than it has served well, so the fleet walks
     down (10 → 8 → 7 → 6 …), each step showing what the next may ask, until one pod fewer would
-    ask more than that (4 → 3 is a third more): there it holds and says why."""
+    ask more than that (4 → 3 is a third more): there it holds, says why, and yields a pod once
+    it has held the fleet for a budget window."""
     params = default_params(scale_down_window_s=300)
-    state, seen = LoopState(batch=200, replicas=10), [10]
+    state, seen, held = LoopState(batch=200, replicas=10), [10], None
     for now in range(0, 6000, 5):
         o = Observation(
             queue_per_replica=0,
@@ -742,10 +751,181 @@ def test_a_fleet_that_never_ran_hot_still_shrinks_a_step_at_a_time():
             finished_per_s=20.0,
             rejected_per_s=0.0,
         )
-        state = decide(state, o, params, now).state
+        d = decide(state, o, params, now)
+        state = d.state
         if state.replicas != seen[-1]:
             seen.append(state.replicas)
-    assert seen == [10, 8, 7, 6, 5, 4], seen  # 20 / (1.25 · 2) = 8; 20 / (1.25 · 2.5) → 7 …
-    held = decide(state, o, params, 6000)
-    assert held.replicas == 4 and held.desired_replicas == 1
+        if d.replicas_before == d.replicas == 4 and held is None:
+            held = d
+    # 20 / (1.25 · 2) = 8; 20 / (1.25 · 2.5) → 7 …; at 4 the floor holds for a budget window
+    # (an hour), then yields a pod.
+    assert seen == [10, 8, 7, 6, 5, 4, 3], seen
+    assert held is not None and held.desired_replicas == 1
     assert "4 pod(s) floor" in held.reason and "5.00 req/s" in held.reason, held.reason
+
+
+def test_a_pod_pending_past_its_pod_start_stops_counting_as_capacity():
+    """2 ready pods and 1 that never becomes ready, 6 queued a pod, P99 TTFT 8 s: the pending
+    pod counted as capacity forever and the +1 waited for it (nothing happened in 10,000 s).
+    Past its pod start and a margin it is no capacity: the fleet asks for a pod in its place."""
+    params = default_params()
+    stuck = [PodView(f"r{i}", f"u{i}", "10.0.0.1", True, False, created=0.0) for i in range(2)]
+    stuck.append(PodView("never", "u9", None, False, False, created=0.0))
+    state = LoopState(batch=32, replicas=3)
+    for now in range(0, 10_000, 5):
+        round_ = signals(waiting=12, running=16, finished_per_s=4.0)
+        o = observe(round_, stuck, now=now, stalled_after_s=210.0)
+        assert (o.pending_replicas, o.stalled_replicas) == ((1, 0) if now <= 210 else (0, 1))
+        state = decide(state, replace(o, p99_ttft_seconds=8.0), params, now).state
+        if state.replicas > 3:
+            break
+    assert state.replicas == 4 and 210 < now < 400, now
+    patch = decision_status(
+        decide(state, replace(o, p99_ttft_seconds=8.0), params, now),
+        o,
+        previous_conditions=None,
+        generation=1,
+        now="2026-01-01T00:00:00Z",
+    )
+    pending = next(c for c in patch["conditions"] if c["type"] == "PodsPending")
+    assert (pending["status"], pending["reason"]) == ("True", "PendingPastPodStart")
+    # The operator's pods carry their creation time; the threshold is the spec's pod start plus
+    # a margin.
+    meta = {"uid": "u", "creationTimestamp": "2026-01-01T00:00:00Z"}
+    view = pod_view("p", meta, {"phase": "Pending"})
+    assert view.stalled(view.created + params.stalled_after_s + 1, params.stalled_after_s)  # type: ignore[operator]
+    assert not view.stalled(view.created + params.stalled_after_s - 1, params.stalled_after_s)  # type: ignore[operator]
+
+
+def signals(**values: float) -> ServiceSignals:
+    """A round with every series the law needs (completions and refusals at 0 unless given)."""
+    base = {"kv_usage": 0.1, "finished_per_s": 0.0, "rejected_per_s": 0.0}
+    return ServiceSignals(**{**base, **values})  # type: ignore[arg-type]
+
+
+def test_an_slo_no_pod_meets_is_reported_and_bounded():
+    """TPOT at 0.5 s against a 0.1 s SLO below the cap: pods went 2 → 5 and never came back,
+    and no condition was raised. One pod is tried; it did not lower the P99, so no more are
+    added, the condition says why, and demand sizes the fleet again."""
+    params = default_params(replicas_max=8)
+
+    def run(state: LoopState, seconds: int = 10_000) -> tuple[Decision, list[int], Observation]:
+        seen = []
+        for now in range(0, seconds, 5):
+            o = obs(0, running=8 / state.replicas, ready=state.replicas, tpot=0.5, finished=4.0)
+            d = decide(state, o, params, now)
+            state = d.state
+            seen.append(state.replicas)
+        return d, seen, o
+
+    # μ 2.5 a pod: 4 req/s ask for 2 pods.
+    d, seen, o = run(LoopState(batch=32, replicas=2, service_rate=2.5))
+    assert max(seen) == 3 and d.replicas == 2, sorted(set(seen))
+    assert d.unattainable and "one more pod did not lower it" in d.unattainable
+    patch = decision_status(
+        d, o, previous_conditions=None, generation=1, now="2026-01-01T00:00:00Z"
+    )
+    unattainable = next(c for c in patch["conditions"] if c["type"] == "SLOUnattainable")
+    assert unattainable["status"] == "True"
+    # Demand asks for fewer pods than there are (no μ: the slots say 1): no pod is tried, and
+    # the breach does not block the scale-down.
+    d, seen, _ = run(LoopState(batch=32, replicas=2))
+    assert max(seen) == 2 and d.replicas == 1
+    # A pod that does lower it (0.6 s / pods) is kept: no scale-down back into the breach.
+    state, seen = LoopState(batch=32, replicas=2, service_rate=2.5), []
+    for now in range(0, 5_000, 5):
+        tpot = 0.6 / state.replicas
+        o = obs(0, running=8 / state.replicas, ready=state.replicas, tpot=tpot, finished=4.0)
+        state = decide(state, o, params, now).state
+        seen.append(state.replicas)
+    assert seen[-1] == 3 and seen.count(2) < 50 and not state.tpot_futile
+
+
+def test_any_missing_series_the_law_needs_holds_and_says_so():
+    """A missing success counter with the gauges still there silently dropped the throughput
+    term and the floor: 8 compute-bound pods went to 2, then 1, and MetricsUnavailable stayed
+    False. Every series the law reads is needed; a partial round holds both knobs."""
+    params = default_params(scale_down_window_s=0, scale_up_window_s=0)
+    learnt = LoopState(batch=200, replicas=8, service_rate=2.0, proven_rate=2.0)
+    full = obs(0, running=2, ready=8, finished=16.0)
+    assert decide(learnt, full, params, 0).desired_replicas == 9  # 16 / (0.9 · 2)
+    for series in ("finished_per_s", "rejected_per_s", "running_per_replica", "kv_usage"):
+        d = decide(learnt, replace(full, **{series: None}), params, 0)
+        assert (d.batch, d.replicas, d.metrics_missing) == (200, 8, True), series
+        assert d.reason.startswith("holding: metrics missing"), d.reason
+        patch = decision_status(
+            d, full, previous_conditions=None, generation=1, now="2026-01-01T00:00:00Z"
+        )
+        metrics = next(c for c in patch["conditions"] if c["type"] == "MetricsUnavailable")
+        assert metrics["status"] == "True"
+
+
+def test_the_learnt_state_resets_when_the_model_gpu_or_slos_change():
+    """μ, the proven rate and the budget flag survived a change of model, GPU or SLO. They are
+    learnt under a hash of those and forgotten when it changes."""
+    spec = InferenceServiceSpec()
+    key = LawParams.from_spec(spec, batch_mem=200).learned_key
+    changed = [
+        spec.model_copy(update={"slo": spec.slo.model_copy(update={"tpot_p99_seconds": 0.05})}),
+        spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"gpu_memory": "40Gi"})}),
+        spec.model_copy(update={"model": spec.model.model_copy(update={"source": "hf://other"})}),
+    ]
+    assert len({key, *(LawParams.from_spec(s, batch_mem=200).learned_key for s in changed)}) == 4
+    # Scaling knobs are not what a pod can serve: the key stays.
+    more = spec.model_copy(update={"scaling": spec.scaling.model_copy(update={"max_replicas": 9})})
+    assert LawParams.from_spec(more, batch_mem=200).learned_key == key
+    params = LawParams(**{**default_params().__dict__, "learned_key": key})
+    learnt = LoopState(batch=200, replicas=4, service_rate=9.0, proven_rate=9.0, budget_spent=True)
+    # Half the budget is not back yet (a P99.5 over the budget window breaks the TTFT SLO).
+    quiet = replace(obs(0, running=2, ready=4), budget_p995_ttft_seconds=3.0)
+    kept = decide(replace(learnt, learned_for=key), quiet, params, 0).state
+    assert (kept.service_rate, kept.proven_rate, kept.budget_spent) == (9.0, 9.0, True)
+    adopted = decide(learnt, quiet, params, 0).state  # a status from before the key
+    assert adopted.learned_for == key and adopted.service_rate == 9.0
+    other = decide(replace(learnt, learned_for="0" * 16), quiet, params, 0)
+    assert (other.state.service_rate, other.state.proven_rate) == (None, None)
+    assert not other.state.budget_spent and "start afresh" in other.reason
+
+
+def test_the_floor_and_mu_give_way_after_a_budget_window():
+    """The floor held 4 pods for a load that needs 1 forever (one pod fewer asks a third more
+    of each). Once it has held the fleet for a budget window it yields a pod; μ and the proven
+    rate give way to a lower sample once they are a budget window old."""
+    params = default_params(scale_down_window_s=300)
+    state = LoopState(batch=200, replicas=4)
+    for now in range(0, 20_000, 5):
+        o = obs(0, running=4 / state.replicas, ready=state.replicas, finished=4.0)
+        state = decide(state, o, params, now).state
+    assert state.replicas == 1
+    old = LoopState(batch=200, replicas=2, service_rate=50.0, service_rate_at=0.0)
+    saturated = obs(20, running=5, ready=2, finished=10.0)
+    early = decide(replace(old, saturated_since=0.0), saturated, params, 1000).state
+    assert early.service_rate == 50.0  # an hour has not passed: the best rate stands
+    late = decide(replace(old, saturated_since=3000.0), saturated, params, 3700).state
+    assert late.service_rate == 5.0 and late.service_rate_at == 3700
+
+
+def test_an_idle_service_gets_its_target_utilization_back():
+    """The budget flag waited for every P99.5 over the budget window to come back within its
+    SLO; an idle service has none, so it sat at ρ 0.6 for as long as it was idle. A window
+    without a request missed nothing."""
+    params = default_params()
+    spent = LoopState(batch=200, replicas=2, budget_spent=True)
+    d = decide(spent, obs(0, ready=2, ttft=None, tpot=None), params, 0)
+    assert not d.budget_spent and d.utilization == 0.9
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    state=states,
+    params=law_params(),
+    finished=st.floats(0, 1e-290),
+    rejected=st.floats(0, 1e-290),
+    queue=st.floats(0, 100),
+)
+def test_rates_near_zero_never_overflow(state, params, finished, rejected, queue):
+    """Below about 1e-300 req/s, arrivals / μ overflowed and `decide` raised OverflowError."""
+    o = obs(queue, running=1, ready=2, ttft=30.0, finished=finished, rejected=rejected)
+    slow = replace(state, service_rate=finished or 5e-324, proven_rate=finished or 5e-324)
+    d = decide(slow, o, params, 5000.0)
+    assert params.replicas_floor <= d.replicas <= params.replicas_max

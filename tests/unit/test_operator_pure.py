@@ -161,6 +161,8 @@ def test_an_external_owner_pins_the_replicas_and_the_batch_still_moves():
         running_per_replica=8,
         p99_ttft_seconds=30.0,
         p99_tpot_seconds=0.01,
+        finished_per_s=4.0,
+        rejected_per_s=0.0,
     )
     batches = []
     for tick in range(12):
@@ -188,6 +190,8 @@ def test_state_round_trips_through_status():
         pending_replicas=0,
         running_per_replica=8,
         p99_tpot_seconds=0.01,
+        finished_per_s=4.0,
+        rejected_per_s=0.0,
     )
     d = decide(fresh, long_queue, params, now=100.0)
     status = decision_status(d, long_queue, previous_conditions=None, generation=1, now="t")
@@ -208,6 +212,8 @@ def two_quiet_pods(**budget: float) -> Observation:
         ready_replicas=2,
         pending_replicas=0,
         running_per_replica=8,
+        finished_per_s=4.0,
+        rejected_per_s=0.0,
         **budget,  # type: ignore[arg-type]
     )
 
