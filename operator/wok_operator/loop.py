@@ -204,8 +204,8 @@ STATUS_HEARTBEAT_S = 60.0
 def status_digest(patch: dict[str, Any]) -> tuple[Any, ...]:
     """What a change of must reach status at once: the knobs, the ready count, the memory plan,
     each condition's status and reason, and whether the batch lane has a backlog and an estimate.
-    Not the figures that move every tick (the decision's inputs, `controller.inFlightAt`,
-    condition messages, the batch lane's estimate): the heartbeat carries those."""
+    Not the figures that move every tick (the decision's inputs, condition messages, the batch
+    lane's estimate): the heartbeat carries those."""
     conditions = sorted(
         (c["type"], c["status"], c["reason"], c.get("observedGeneration"))
         for c in patch.get("conditions") or []

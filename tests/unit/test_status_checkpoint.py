@@ -46,17 +46,18 @@ def steady_signals(rng: random.Random) -> ServiceSignals:
         p99_ttft_seconds=rng.uniform(0.3, 0.5),
         p99_tpot_seconds=rng.uniform(0.01, 0.02),
         finished_per_s=rng.uniform(9.0, 11.0),
+        rejected_per_s=0.0,
     )
 
 
 def run_ticks(minutes: int, *, interval_s: float = 5.0) -> tuple[int, list[float]]:
     """The record step's write decision over `minutes` of ticks; returns the writes and the
-    `controller.inFlightAt` of every patch (to show it moved)."""
+    decision inputs of every patch (to show they moved)."""
     rng = random.Random(7)
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
     held: LoopState | None = None
     status: dict = {}
-    last_digest, last_write_at, writes, in_flight_at = None, None, 0, []
+    last_digest, last_write_at, writes, inputs = None, None, 0, []
     for tick in range(int(minutes * 60 / interval_s)):
         now = 1_000.0 + tick * interval_s
         state = resume_state(held, status, SPEC, params)
@@ -72,7 +73,7 @@ def run_ticks(minutes: int, *, interval_s: float = 5.0) -> tuple[int, list[float
         )
         patch = with_kv_budget(patch, result.signals or ServiceSignals(), generation=1, now="t")
         patch["memory"] = memory_status(PLAN)
-        in_flight_at.append(patch["controller"]["inFlightAt"])
+        inputs.append(repr(sorted(patch["lastDecision"]["inputs"].items())))
         digest = status_digest(patch)
         since = None if last_write_at is None else now - last_write_at
         if status_due(
@@ -80,12 +81,12 @@ def run_ticks(minutes: int, *, interval_s: float = 5.0) -> tuple[int, list[float
         ):
             status, last_digest, last_write_at, writes = patch, digest, now, writes + 1
         held = result.decision.state
-    return writes, in_flight_at
+    return writes, inputs
 
 
 def test_a_steady_service_writes_status_at_most_once_a_minute():
-    writes, in_flight_at = run_ticks(minutes=10)
-    assert len(set(in_flight_at)) > 100, "the law's in-flight clock moves every tick"
+    writes, inputs = run_ticks(minutes=10)
+    assert len(set(inputs)) > 100, "the decision's inputs move every tick"
     # The first tick, then one heartbeat a minute.
     assert writes <= 1 + 10, writes
     assert writes >= 10, "the heartbeat still writes"
@@ -110,12 +111,12 @@ def test_a_changed_decision_or_condition_writes_at_once_and_the_heartbeat_at_its
 
 def test_the_law_runs_on_its_held_state_not_on_a_status_the_watch_delivered_late():
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
-    stale = {"batchSize": 4, "replicas": 1, "controller": {"inFlightAt": 10.0}}
-    held = LoopState(batch=16, replicas=2, in_flight_at=990.0, batch_run=3)
+    stale = {"batchSize": 4, "replicas": 1, "controller": {"serviceRate": 1.5}}
+    held = LoopState(batch=16, replicas=2, service_rate=6.0, batch_run=3)
     assert resume_state(held, stale, SPEC, params) == held
     # On start (or as a new leader) there is no held state: the checkpoint is read back.
     restored = resume_state(None, stale, SPEC, params)
-    assert (restored.batch, restored.replicas, restored.in_flight_at) == (4, 1, 10.0)
+    assert (restored.batch, restored.replicas, restored.service_rate) == (4, 1, 1.5)
 
 
 def test_an_external_owners_count_replaces_the_held_replicas():
