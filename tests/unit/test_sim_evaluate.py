@@ -64,6 +64,17 @@ def test_a_policy_on_the_frontier_is_not_above_it_and_a_cheaper_rival_is_named()
     assert better.cheapest_rival is None
 
 
+def test_a_target_cut_after_the_first_seed_reaches_no_policy_and_counts_as_run() -> None:
+    front = [pt("static-5", 0.99, 5.0)]
+    wok = pt("wok", 0.985, 4.6, batch=None)
+    # One seed at 99.9 % would flatter it against wok's mean; it was cut, so it reaches nothing.
+    rivals = [pt("hpa-concurrency-2", 0.999, 4.0, seeds=1), pt("keda-waiting-5", 0.9, 3.0)]
+    verdict = judge(CODE, wok, front, rivals)
+    assert verdict.cheapest_rival is None
+    assert verdict.cheaper_than_baselines is True  # run on this condition, none reaches wok
+    assert judge(CODE, wok, front, []).cheaper_than_baselines is None  # none run here
+
+
 def outcome(policy: str, name: str, batch: int | None, att: float, gpu: float, **job) -> Outcome:
     variant = job.pop("variant", 0)
     seed = job.pop("seed", SEEDS[0])
