@@ -68,7 +68,19 @@ def scrape(url: str) -> dict[str, float]:
                 "wok_max_batch_size",
             ):
                 values[sample.name] = sample.value
+            # The law's throughput inputs: completions and rejections, summed over labels.
+            elif sample.name in ("vllm:request_success_total", "wok_rejected_requests_total"):
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
+
+
+def per_s(
+    name: str, before: tuple[float, dict[str, float]] | None, after: tuple[float, dict[str, float]]
+) -> float | None:
+    """A counter's rate between two scrapes; None before the second, as Prometheus' rate()."""
+    if before is None or name not in before[1] or name not in after[1]:
+        return None
+    return (after[1][name] - before[1][name]) / (after[0] - before[0])
 
 
 def burst(url: str, stop: threading.Event, clients: int) -> None:
@@ -142,6 +154,7 @@ def _loop(url: str, token: str, busy_s: float, quiet_s: float) -> list[Tick]:
     state = LoopState(batch=2, replicas=1)
     ticks: list[Tick] = []
     start = time.monotonic()
+    last: tuple[float, dict[str, float]] | None = None
     while (now := time.monotonic() - start) < busy_s + quiet_s:
         if now >= busy_s and not stop.is_set():
             stop.set()
@@ -153,7 +166,10 @@ def _loop(url: str, token: str, busy_s: float, quiet_s: float) -> list[Tick]:
             ready_replicas=1,
             pending_replicas=0,
             running_per_replica=m.get("vllm:num_requests_running"),
+            finished_per_s=per_s("vllm:request_success_total", last, (now, m)),
+            rejected_per_s=per_s("wok_rejected_requests_total", last, (now, m)),
         )
+        last = (now, m)
         decision = decide(state, obs, PARAMS, now=now)
         if decision.batch != state.batch:
             httpx.put(

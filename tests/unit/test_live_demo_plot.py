@@ -28,3 +28,15 @@ def test_the_live_plot_has_a_y_label_and_shows_the_batch_ceiling():
     assert set(lines[label].get_ydata()) == {ceiling}
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert label in legend and "queue target ± deadband" in legend
+
+
+def test_the_live_law_gets_its_throughput_inputs_from_two_scrapes():
+    """The law holds both knobs without completions and rejections: the demo gives it their
+    rates from consecutive scrapes (none before the second, as Prometheus' rate())."""
+    from wok.live_demo import per_s
+
+    first = (1.0, {"vllm:request_success_total": 10.0})
+    second = (3.0, {"vllm:request_success_total": 30.0})
+    assert per_s("vllm:request_success_total", None, first) is None
+    assert per_s("vllm:request_success_total", first, second) == 10.0
+    assert per_s("wok_rejected_requests_total", first, second) is None
