@@ -29,7 +29,7 @@ def register(commands: Any) -> None:
         help="memory of one GPU, with its unit: 80Gi (GiB) or 80G (GB)",
     )
     budget.add_argument(
-        "--gpus", type=int, default=1, help="GPUs per pod (more than 1 is not served yet)"
+        "--gpus", type=int, default=1, help="GPUs per pod (tensor parallelism over them)"
     )
     budget.add_argument(
         "--utilization", type=float, default=0.9, help="share of the GPU memory wok may use"
