@@ -39,8 +39,9 @@ pods already starting count as capacity on its way (R includes them), so a scale
 while it is still arriving; a pod pending past its pod start and a margin is no capacity, and is
 asked for again. A TTFT breach while requests queue adds one replica if demand did not (uneven
 routing), and so does a TPOT breach below the cap (step time from load), each only after the last
-scale-up had a pod start and an SLO window to show; a TPOT pod that did not lower the P99 ends
-those (`SLOUnattainable`). R falls only when R* < R has held for `scale_down_window`, to the
+scale-up had a pod start and an SLO window to show, and the last scale-down the window that shows
+it (a lagging P99 never reverses a step it has not seen); a TPOT pod that did not lower the P99
+ends those (`SLOUnattainable`). R falls only when R* < R has held for `scale_down_window`, to the
 largest R* seen in that window, with no breach a pod or the batch could fix, and not below the
 pods that serve today's arrivals at the most a pod has served within its SLOs, unless that floor
 has held the fleet for a budget window. μ and that rate are forgotten when the model, the GPU or
@@ -300,6 +301,7 @@ class _Facts:
     kv_full: bool
     recently_lowered: bool  # a TPOT-driven decrease has not shown in the windowed P99 yet
     settled: bool  # the last scale-up could show in the windowed P99
+    reversal_shown: bool  # the last replica change could show in the windowed P99
 
 
 def _facts(state: LoopState, batch: int, obs: Observation, p: LawParams, now: float) -> _Facts:
@@ -314,6 +316,7 @@ def _facts(state: LoopState, batch: int, obs: Observation, p: LawParams, now: fl
         kv_full=_above(obs.kv_usage, p.kv_usage_ceiling),
         recently_lowered=not _quiet_since(state.last_batch_decrease, now, _showing_s(p)),
         settled=_quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s),
+        reversal_shown=_quiet_since(state.last_replica_change, now, _showing_s(p)),
     )
 
 
@@ -326,7 +329,7 @@ class _BatchStep:
 
 
 def _showing_s(p: LawParams) -> float:
-    """How long a batch step takes to show in the windowed P99."""
+    """How long a step of either knob takes to show in the windowed P99."""
     return max(p.scale_up_window_s, p.slo_window_s)
 
 
@@ -646,6 +649,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         ((f.ttft_breached and queue_lasts) or tpot_pod)
         and desired >= replicas
         and f.settled  # a lagging signal (windowed P99) asks again once the last step could show
+        and f.reversal_shown  # nor reverses a scale-down before the window could see its fleet
         and not obs.pending_replicas  # pods on their way are the answer already
         and replicas < p.replicas_max
     ):

@@ -363,6 +363,30 @@ def test_a_spike_gone_from_the_queue_but_not_from_the_windowed_ttft_adds_no_pod(
     assert decision.replicas == 3 and "lasting queue" in decision.reason
 
 
+def test_a_tpot_breach_does_not_reverse_a_scale_down_its_window_has_not_seen():
+    """Idle pods and a P99 TPOT over its SLO below the cap: demand lets a pod go, and the breach,
+    from a window that still holds the larger fleet, must not add it back within that window."""
+    params = default_params(
+        batch_max=2,
+        replicas_min=1,
+        replicas_max=2,
+        scale_up_window_s=15,
+        scale_down_window_s=0,
+        slo_window_s=10,
+        pod_start_s=0,
+        slo_tpot_s=0.015625,
+    )
+    state = LoopState(batch=2, replicas=2)
+    changes = []
+    for now in range(0, 60, 5):
+        d = decide(state, obs(0, ready=state.replicas, tpot=0.02), params, now=float(now))
+        if d.replicas != d.replicas_before:
+            changes.append((now, d.replicas))
+        state = d.state
+    assert changes[0] == (0, 1)
+    assert all(now >= 15 for now, _ in changes[1:]), changes
+
+
 def test_an_unattainable_tpot_is_reported_not_chased_below_the_floor():
     params = default_params(batch_min=1)
     d = decide(LoopState(batch=1, replicas=1), obs(0, running=1, tpot=0.5), params, now=0)
