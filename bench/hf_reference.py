@@ -194,7 +194,7 @@ def hf_continuous_generate(
 def make_workload(
     n: int, *, vocab: int, prompt: tuple[int, int], output: tuple[int, int], seed: int
 ) -> tuple[list[list[int]], list[int]]:
-    """`n` requests with uniform random prompt and output lengths (the issue's workload)."""
+    """`n` requests with uniform random prompt and output lengths (the reference workload)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(*prompt))] for _ in range(n)]
     return prompts, [rng.randint(*output) for _ in range(n)]

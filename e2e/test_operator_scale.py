@@ -2,7 +2,7 @@
 
 Paused services (maxReplicas 0: no pods) keep the apiserver and this machine's two cores free for
 the operator itself; every service still reconciles, ticks and queries. The figures (CPU per
-tick, PromQL requests per tick) are written to bench/results/ for the issue note.
+tick, PromQL requests per tick) are written to bench/results/.
 """
 
 from __future__ import annotations

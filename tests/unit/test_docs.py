@@ -22,7 +22,10 @@ from wok_sim.traces import DEFAULT_SCRIPT
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Words that point at the project's history rather than at anything in the repository.
-HISTORY = re.compile(r"issue ?[0-9]|stop ?[0-9]+|\bbri[e]f\b", re.IGNORECASE)
+HISTORY = re.compile(
+    r"issue ?[0-9]|\b(?:the|this|an?) issu[e]\b|issu[e]'s|issu[e] note|stop ?[0-9]+|\bbri[e]f\b",
+    re.IGNORECASE,
+)
 #: Folders that are not the project's text: version control, caches, build output.
 NOT_SOURCE = {".git", ".venv", "build", "out", "__pycache__", "node_modules"}
 
