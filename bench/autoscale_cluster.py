@@ -81,9 +81,9 @@ from wok_cluster.keda import Keda
 from wok_cluster.kubeapi import KubeApi, KubeError
 from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
+from wok_contracts.traces import TraceRequest, load_trace, scale_rate
 from wok_runtime.bench_http import RequestResult, RequestSpec, send_completion
 from wok_sim.report import p99
-from wok_sim.traces import TraceRequest, load_trace, scale_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -158,8 +158,8 @@ def slice_requests(s: Settings, slice_csv: Path) -> list[TraceRequest]:
 
 def start_replicas(s: Settings, requests: list[TraceRequest]) -> int:
     """The simulator's warm start for these requests (every autoscaler there starts from it)."""
+    from wok_contracts.profile import load_profile
     from wok_sim.cli import warm_start
-    from wok_sim.profile import load_profile
     from wok_sim.report import Slos
 
     slos = Slos(s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s)
@@ -168,8 +168,8 @@ def start_replicas(s: Settings, requests: list[TraceRequest]) -> int:
 
 def request_specs(s: Settings, requests: list[TraceRequest]) -> list[RequestSpec]:
     """What the client sends: lengths clipped as the simulator and the runtime clip them."""
-    from wok_sim.profile import load_profile
-    from wok_sim.traces import clip_to_model
+    from wok_contracts.profile import load_profile
+    from wok_contracts.traces import clip_to_model
 
     clipped, _ = clip_to_model(requests, load_profile(s.profile).max_model_len)
     return [RequestSpec(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in clipped]

@@ -1,7 +1,7 @@
 """`wok profile`: what one engine step costs on this device, as a `wok_sim` step-time profile.
 
 Why: the fleet simulator, `wok plan` and the simulated accelerator all predict a step as
-`a + b·decodes + c·prefill_tokens + d·context_tokens` (`wok_sim.profile.StepProfile`). The
+`a + b·decodes + c·prefill_tokens + d·context_tokens` (`wok_contracts.profile.StepProfile`). The
 coefficients are only worth what their measurement is, so this module runs the real model runner
 and the engine's sampler on a grid of step shapes, times each shape (a warm-up pass, then the
 median over several passes through the whole grid in random orders, synchronised on CUDA), and
@@ -37,7 +37,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_sim.profile import StepProfile
+from wok_contracts.profile import StepProfile
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.engine import LLMEngine

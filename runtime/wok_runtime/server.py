@@ -39,16 +39,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from wok_runtime import protocol as p
-from wok_runtime.detokenizer import IncrementalText
-from wok_runtime.metrics import (
+from wok_contracts.metrics import (
     AUTH_INVALID,
     AUTH_MISSING,
     REJECT_DRAINING,
     REJECT_QUEUE_FULL,
     REJECT_QUEUE_TIMEOUT,
-    RuntimeMetrics,
 )
+from wok_runtime import protocol as p
+from wok_runtime.detokenizer import IncrementalText
+from wok_runtime.metrics import RuntimeMetrics
 from wok_runtime.sequence import LANES, Lane
 
 log = logging.getLogger("wok.runtime.server")

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from wok_sim import evaluate, plan_cli
 
 if TYPE_CHECKING:
+    from wok_contracts.profile import StepProfile
+    from wok_contracts.traces import TraceRequest
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
-    from wok_sim.profile import StepProfile
     from wok_sim.report import PolicyResult, Slos
-    from wok_sim.traces import TraceRequest
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "azure_llm_2023_code.csv"
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
@@ -183,11 +183,11 @@ def _simulate(name: str, index: int) -> PolicyResult:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wok_contracts.profile import load_profile
+    from wok_contracts.traces import load_trace, scale_rate
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext, load_registry, resolve
-    from wok_sim.profile import load_profile
     from wok_sim.report import Slos, table, to_json, write_plots
-    from wok_sim.traces import load_trace, scale_rate
 
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
@@ -259,7 +259,7 @@ def rate_scale_of(trace: str, asked: float | None) -> float:
 def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
     """B_mem as the operator settles it with `lengthEstimate: observedMean` (the default): the
     KV pool over the trace's mean sequence length."""
-    from wok_sim.traces import clip_to_model
+    from wok_contracts.traces import clip_to_model
 
     clipped, _ = clip_to_model(list(requests), profile.max_model_len)
     mean = sum(r.prompt_tokens + r.output_tokens for r in clipped) / max(len(clipped), 1)

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from wok_sim.profile import StepProfile
+from wok_contracts.profile import StepProfile
+from wok_contracts.traces import TraceRequest, clip_to_model
 from wok_sim.report import Slos
-from wok_sim.traces import TraceRequest, clip_to_model
 
 TARGET_ATTAINMENT = 0.99  # the share of requests that must meet every SLO at B_opt
 

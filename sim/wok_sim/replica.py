@@ -40,8 +40,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from wok_sim.profile import StepProfile
-from wok_sim.traces import HASH_BLOCK_TOKENS, TraceRequest, clip_to_model
+from wok_contracts.profile import StepProfile
+from wok_contracts.traces import HASH_BLOCK_TOKENS, TraceRequest, clip_to_model
 
 Outcome = Literal["ok", "rejected", "timeout", "dropped"]
 Mode = Literal["continuous", "static"]

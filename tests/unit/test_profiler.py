@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from wok import cli
+from wok_contracts.profile import StepProfile, load_profile
 from wok_runtime.profiler import (
     StepSample,
     StepShape,
@@ -19,7 +20,6 @@ from wok_runtime.profiler import (
     pick_clock,
     step_inputs,
 )
-from wok_sim.profile import StepProfile, load_profile
 
 TRUE = (4e-3, 2e-4, 5e-5, 3e-8)  # a, b, c, d: a small GPU-like step
 

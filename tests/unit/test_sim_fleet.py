@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
+from wok_contracts.profile import load_profile
+from wok_contracts.traces import TraceRequest, poisson
 from wok_operator import control, loop
 from wok_sim import wok_policy
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.policies import PolicyContext, load_registry
 from wok_sim.policy import Action, FleetView
-from wok_sim.profile import load_profile
 from wok_sim.report import Slos, summarize
-from wok_sim.traces import TraceRequest, poisson
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
 

@@ -38,6 +38,7 @@ SOURCES = (
     "pyproject.toml",
     "README.md",
     "wok",
+    "contracts/wok_contracts",
     "operator/wok_operator",
     "runtime/wok_runtime",
     "e2e/cluster/wok_cluster",

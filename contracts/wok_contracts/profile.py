@@ -72,7 +72,7 @@ class StepProfile:
 
 
 def builtin_names() -> list[str]:
-    folder = resources.files("wok_sim") / "profiles"
+    folder = resources.files("wok_contracts") / "profiles"
     return sorted(
         BUILTIN_PREFIX + p.name.removesuffix(".json")
         for p in folder.iterdir()
@@ -85,7 +85,7 @@ def load_profile(ref: str | Path) -> StepProfile:
     text_ref = str(ref)
     if text_ref.startswith(BUILTIN_PREFIX):
         name = text_ref.removeprefix(BUILTIN_PREFIX)
-        resource = resources.files("wok_sim") / "profiles" / f"{name}.json"
+        resource = resources.files("wok_contracts") / "profiles" / f"{name}.json"
         if not resource.is_file():
             known = ", ".join(builtin_names())
             raise ValueError(f"unknown builtin profile {text_ref!r} (known: {known})")
