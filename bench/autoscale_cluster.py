@@ -925,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
         needed = BUILT + KEDA if any(x in EXTERNAL for x in policies) else BUILT
         if missing(needed):
             raise SystemExit(
-                f"{missing(needed)} not built in {bin_dir()}: run e2e/cluster/build.sh first"
+                f"{missing(needed)} not built in {bin_dir()}: run cluster/build.sh first"
             )
         batches = {
             x: (args.fixed_batch or data["simulator"][SIM_TWIN[x]]["batch_size"])

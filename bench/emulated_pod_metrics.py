@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent / "e2e" / "cluster")]
+sys.path[:0] = [str(BENCH.parent / "cluster")]
 
 from wok_cluster.kubeapi import KubeApi  # noqa: E402
 from wok_contracts.metrics import METRICS, MODEL_LABEL, MetricSpec  # noqa: E402

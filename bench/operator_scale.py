@@ -553,7 +553,7 @@ def start_metrics_source(kubeconfig: Path, run_dir: Path, run_marker: str) -> su
 
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if missing(BUILT):
-        raise SystemExit(f"{missing(BUILT)} not built in {bin_dir()}: run e2e/cluster/build.sh")
+        raise SystemExit(f"{missing(BUILT)} not built in {bin_dir()}: run cluster/build.sh")
     started = time.monotonic()
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run_dir = Path(tempfile.mkdtemp(prefix="wok-opscale-"))
