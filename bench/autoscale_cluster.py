@@ -83,7 +83,8 @@ from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
 from wok_contracts.traces import TraceRequest, load_trace, scale_rate
 from wok_runtime.bench_http import RequestResult, RequestSpec, send_completion
-from wok_sim.report import p99
+from wok_sim.baselines import WAITING_TARGET
+from wok_sim.report import Slos, attainment, p99, slo_hits
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -102,7 +103,6 @@ SIM_TWIN: dict[str, str | None] = {
 }
 FIXED_BATCH = {"keda-waiting", "hpa-concurrency"}
 EXTERNAL = {"keda-waiting", "hpa-concurrency", "wok-batch+keda"}
-WAITING_THRESHOLD = 5  # KEDA's threshold, the production-stack examples' figure
 CONCURRENCY_TARGET = 32  # per pod, the simulator's hpa-concurrency-32
 SCRAPE_INTERVAL = "5s"  # Prometheus, as the simulator's --scrape-interval 5
 SAMPLE_S = 1.0
@@ -159,8 +159,7 @@ def slice_requests(s: Settings, slice_csv: Path) -> list[TraceRequest]:
 def start_replicas(s: Settings, requests: list[TraceRequest]) -> int:
     """The simulator's warm start for these requests (every autoscaler there starts from it)."""
     from wok_contracts.profile import load_profile
-    from wok_sim.cli import warm_start
-    from wok_sim.report import Slos
+    from wok_sim.plan import warm_start
 
     slos = Slos(s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s)
     return warm_start(load_profile(s.profile), requests, slos)
@@ -272,7 +271,7 @@ def scaled_object(policy: str, namespace: str, prometheus_url: str, s: Settings)
             "metadata": {
                 "serverAddress": prometheus_url,
                 "query": f"sum(vllm:num_requests_waiting{selector})",
-                "threshold": str(WAITING_THRESHOLD),
+                "threshold": f"{WAITING_TARGET:g}",
             },
         }
         polling = 30
@@ -455,27 +454,19 @@ def summarize(results: list[RequestResult], fleet: Fleet, s: Settings) -> dict[s
     """As `wok_sim.report.summarize` counts: every request in the denominator, misses included."""
     n = len(results)
 
-    def met(r: RequestResult) -> tuple[bool, bool, bool]:
-        if not r.ok or r.ttft_s is None or r.e2e_s is None:
-            return (False, False, False)
-        tpot = r.tpot_s
-        return (
-            r.ttft_s <= s.slo_ttft_s,
-            tpot is None or tpot <= s.slo_tpot_s,
-            r.e2e_s <= s.slo_e2e_s,
-        )
-
-    hits = [met(r) for r in results]
+    slos = Slos(s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s)
+    hits = [slo_hits(slos, r.ttft_s, r.tpot_s, r.e2e_s) for r in results if r.ok]
+    ttft, tpot, e2e, slo = attainment(hits, n)
     replicas = [row["replicas"] for row in fleet.timeline]
     directions = [b > a for a, b in itertools.pairwise(replicas) if b != a]
     flips = sum(1 for a, b in itertools.pairwise(directions) if a != b)
     ok = [r for r in results if r.ok]
     return {
         "requests": n,
-        "slo_attainment": sum(all(h) for h in hits) / n,
-        "ttft_attainment": sum(h[0] for h in hits) / n,
-        "tpot_attainment": sum(h[1] for h in hits) / n,
-        "e2e_attainment": sum(h[2] for h in hits) / n,
+        "slo_attainment": slo,
+        "ttft_attainment": ttft,
+        "tpot_attainment": tpot,
+        "e2e_attainment": e2e,
         "p99_ttft_s": p99([r.ttft_s for r in ok if r.ttft_s is not None]),
         "p99_tpot_s": p99([t for r in ok if (t := r.tpot_s) is not None]),
         "p99_e2e_s": p99([r.e2e_s for r in ok if r.e2e_s is not None]),
@@ -695,7 +686,7 @@ def write_markdown(data: dict[str, Any]) -> str:
         "with the tail until the last answer in the JSON).",
         "",
         "- `keda-waiting`: KEDA ScaledObject, Prometheus trigger "
-        f"`sum(vllm:num_requests_waiting{{namespace=…}})`, threshold {WAITING_THRESHOLD} "
+        f"`sum(vllm:num_requests_waiting{{namespace=…}})`, threshold {WAITING_TARGET:g} "
         "(AverageValue), pollingInterval 30 s, `useCachedMetrics` (the simulator's KEDA "
         "model), HPA default behaviour, on the InferenceService's scale subresource "
         "(`scaling.replicas: external`), fixed batch.",

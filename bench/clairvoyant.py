@@ -29,8 +29,8 @@ from autoscale_sim import HELD_OUT, PROFILE, SHARED_TRACE, held_out_scale
 
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.traces import TraceRequest, clip_to_model, load_trace, scale_rate
-from wok_sim.cli import batch_mem_of, warm_start
 from wok_sim.fleet import FleetConfig, simulate_fleet
+from wok_sim.plan import batch_mem_of, warm_start
 from wok_sim.policy import Action, FleetView
 from wok_sim.report import Slos, summarize
 

@@ -24,8 +24,26 @@ ProfileKind = Literal["measured", "model"]
 BUILTIN_PREFIX = "sim:"
 
 
+class StepCosts:
+    """The one step-cost model, `a + b·decodes + c·prefill_tokens + d·context_tokens` seconds,
+    for any record with the four costs (a profile, the profiler's fit)."""
+
+    a_s: float
+    b_s_per_seq: float
+    c_s_per_prefill_token: float
+    d_s_per_context_token: float
+
+    def step_seconds(self, decodes: float, prefill_tokens: float, context_tokens: float) -> float:
+        return (
+            self.a_s
+            + self.b_s_per_seq * decodes
+            + self.c_s_per_prefill_token * prefill_tokens
+            + self.d_s_per_context_token * context_tokens
+        )
+
+
 @dataclass(frozen=True)
-class StepProfile:
+class StepProfile(StepCosts):
     name: str
     kind: ProfileKind
     device: str
@@ -47,14 +65,6 @@ class StepProfile:
             raise ValueError(f"profile {self.name}: costs must be >= 0 and a > 0")
         if self.step_token_budget < 1 or self.kv_capacity_tokens < self.block_size:
             raise ValueError(f"profile {self.name}: token budget and KV capacity must be positive")
-
-    def step_seconds(self, decodes: int, prefill_tokens: int, context_tokens: int) -> float:
-        return (
-            self.a_s
-            + self.b_s_per_seq * decodes
-            + self.c_s_per_prefill_token * prefill_tokens
-            + self.d_s_per_context_token * context_tokens
-        )
 
     @property
     def kv_blocks(self) -> int:

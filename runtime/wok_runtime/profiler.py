@@ -37,7 +37,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_contracts.profile import StepProfile
+from wok_contracts.profile import StepCosts, StepProfile
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.engine import LLMEngine
@@ -73,7 +73,7 @@ class StepSample:
 
 
 @dataclass(frozen=True)
-class StepFit:
+class StepFit(StepCosts):
     a_s: float
     b_s_per_seq: float
     c_s_per_prefill_token: float
@@ -81,14 +81,6 @@ class StepFit:
     r2: float  # on seconds, unweighted
     median_abs_rel_error: float
     max_abs_rel_error: float
-
-    def predict(self, decodes: int, prefill_tokens: int, context_tokens: int) -> float:
-        return (
-            self.a_s
-            + self.b_s_per_seq * decodes
-            + self.c_s_per_prefill_token * prefill_tokens
-            + self.d_s_per_context_token * context_tokens
-        )
 
 
 # --- the fit (pure Python) ----------------------------------------------------------------------
@@ -125,7 +117,7 @@ def fit_step_costs(samples: Sequence[StepSample]) -> StepFit:
         raise ValueError("no non-negative fit with a positive fixed cost exists for these timings")
     a, b, c, d = best[1]
     fit = StepFit(a, b, c, d, r2=0.0, median_abs_rel_error=0.0, max_abs_rel_error=0.0)
-    predicted = [fit.predict(s.decodes, s.prefill_tokens, s.context_tokens) for s in samples]
+    predicted = [fit.step_seconds(s.decodes, s.prefill_tokens, s.context_tokens) for s in samples]
     seconds = [s.seconds for s in samples]
     mean = statistics.fmean(seconds)
     total = sum((t - mean) ** 2 for t in seconds)
@@ -607,7 +599,9 @@ def fit_record(
                 "prefill_tokens": s.prefill_tokens,
                 "context_tokens": s.context_tokens,
                 "seconds": round(s.seconds, 6),
-                "predicted": round(fit.predict(s.decodes, s.prefill_tokens, s.context_tokens), 6),
+                "predicted": round(
+                    fit.step_seconds(s.decodes, s.prefill_tokens, s.context_tokens), 6
+                ),
                 "spread": round(s.spread, 4),
                 "passes": s.repeats,
             }
