@@ -6,7 +6,7 @@ read the same Prometheus: the first loop to find the last round older than its i
 new one, the others reuse it. A round's queries run a few at a time (`QUERY_POOL`); where the
 chart's recording rules run (`recording_rules`), the hour-long quantiles are read from their
 recorded series instead of being computed at every round. The metric names are the runtime's
-(`wok_runtime.metrics`); a test checks that every one named here is really exported.
+(`wok_contracts.metrics`); a test checks that every one named here is really exported.
 """
 
 from __future__ import annotations
