@@ -454,7 +454,7 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
     from wok_runtime.loader import resolve_source
     from wok_runtime.model_config import ModelConfig
     from wok_runtime.model_runner import ModelRunner
-    from wok_runtime.server import _default_dtype
+    from wok_runtime.serve import _default_dtype
 
     decodes = parse_ints(args.decodes, "--decodes") if args.decodes else None
     contexts = parse_ints(args.contexts, "--contexts") if args.contexts else None

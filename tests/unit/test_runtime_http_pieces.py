@@ -31,13 +31,8 @@ from wok_runtime.protocol import (
     lone_surrogate,
 )
 from wok_runtime.sequence import RequestMetrics
-from wok_runtime.server import (
-    APIError,
-    AuthFailureLog,
-    Server,
-    ServerConfig,
-    parse_priority_classes,
-)
+from wok_runtime.server import APIError, AuthFailureLog, Server
+from wok_runtime.server_config import ServerConfig, parse_priority_classes
 
 # --- metric names ----------------------------------------------------------------------------
 

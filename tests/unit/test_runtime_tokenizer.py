@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from wok_runtime.builtin import ensure_builtin_tokenizer
 from wok_runtime.metrics import RuntimeMetrics
-from wok_runtime.server import APIError, Server, ServerConfig
+from wok_runtime.server import APIError, Server
+from wok_runtime.server_config import ServerConfig
 from wok_runtime.tokenizer import Tokenizer
 
 

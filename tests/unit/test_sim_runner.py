@@ -243,7 +243,7 @@ def test_the_sim_path_imports_no_torch() -> None:
         "import sys\n"
         "from wok.cli import build_parser\n"
         "build_parser()\n"
-        "import wok_runtime.server, wok_runtime.engine\n"
+        "import wok_runtime.serve, wok_runtime.engine\n"
         "from wok_runtime.sim_runner import SimModelRunner\n"
         "from wok_runtime.engine import EngineConfig, LLMEngine\n"
         f"LLMEngine(SimModelRunner.from_profile({PROFILE!r}), EngineConfig())\n"
