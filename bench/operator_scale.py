@@ -60,7 +60,8 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "e2e")]
 
-from autoscale_cluster import MODEL, PROFILE, SCRAPE_INTERVAL, Settings, service_spec  # noqa: E402
+from autoscale_manifests import service_spec  # noqa: E402
+from autoscale_settings import MODEL, PROFILE, SCRAPE_INTERVAL, Settings  # noqa: E402
 from operator_harness import OperatorProcess, install_crds, kubectl  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
