@@ -35,7 +35,7 @@ tools:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 
 cluster-bin:
-	@if [ -x e2e/cluster/build.sh ]; then e2e/cluster/build.sh; fi
+	@if [ -x cluster/build.sh ]; then cluster/build.sh; fi
 
 # The images go to the local store only: the tests write the one archive they check (the
 # runtime's is 6 GB, twice that while podman writes it).

@@ -52,27 +52,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
 import datetime as dt
-import itertools
 import json
 import math
 import os
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from autoscale_manifests import scaled_object, service_spec
+from autoscale_replay import Fleet, replay, summarize
+from autoscale_report import plot, write_markdown
+from autoscale_settings import (
+    CRD,
+    EXTERNAL,
+    FIXED_BATCH,
+    NAME,
+    POLICIES,
+    RESULTS,
+    ROOT,
+    SCRAPE_INTERVAL,
+    SIM_TWIN,
+    Settings,
+    request_specs,
+    slice_requests,
+    start_replicas,
+    write_slice,
+)
 
 from wok_cluster.apiserver import ControlPlane
 from wok_cluster.binaries import BUILT, KEDA, Binaries, bin_dir, kubectl, missing
@@ -81,99 +94,7 @@ from wok_cluster.keda import Keda
 from wok_cluster.kubeapi import KubeApi, KubeError
 from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
-from wok_runtime.bench_http import RequestResult, RequestSpec, send_completion
-from wok_sim.report import p99
-from wok_sim.traces import TraceRequest, load_trace, scale_rate
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
-TRACE = ROOT / "bench" / "traces" / "azure_llm_2023_code.csv"
-CRD = ROOT / "crds" / "wok.dev_inferenceservices.yaml"
-PROFILE = "sim:llama-3-8b-80g"
-MODEL = "llama-3-8b-80g"
-NAME = "llama"
-POLICIES = ("keda-waiting", "hpa-concurrency", "wok", "wok-batch+keda")
-# the simulator's twin of each policy (none for wok on the batch beside KEDA on the replicas)
-SIM_TWIN: dict[str, str | None] = {
-    "keda-waiting": "keda-waiting",
-    "hpa-concurrency": "hpa-concurrency-32",
-    "wok": "wok",
-    "wok-batch+keda": None,
-}
-FIXED_BATCH = {"keda-waiting", "hpa-concurrency"}
-EXTERNAL = {"keda-waiting", "hpa-concurrency", "wok-batch+keda"}
-WAITING_THRESHOLD = 5  # KEDA's threshold, the production-stack examples' figure
-CONCURRENCY_TARGET = 32  # per pod, the simulator's hpa-concurrency-32
-SCRAPE_INTERVAL = "5s"  # Prometheus, as the simulator's --scrape-interval 5
-SAMPLE_S = 1.0
-RETRY_CODES = ("draining", "loading")  # 503s a gateway retries on another pod
-
-
-@dataclass(frozen=True)
-class Settings:
-    minutes: float
-    rate_scale: float
-    max_replicas: int
-    slo_ttft_s: float
-    slo_tpot_s: float
-    slo_e2e_s: float
-    load_seconds: float
-    seed: int
-    profile: str = PROFILE
-    rate_mode: str = "overlay"
-    routing: str = "least-loaded"
-
-    @property
-    def horizon_s(self) -> float:
-        return self.minutes * 60
-
-
-# --- the trace slice, shared by the cluster and the simulator --------------------------------
-
-
-def write_slice(s: Settings, path: Path) -> Path:
-    """The first `minutes` of the Azure code trace, its rows as they are (a CSV `wok simulate
-    --trace` reads the same way)."""
-    with TRACE.open(newline="") as f:
-        rows = list(csv.reader(f))
-    header, body = rows[0], rows[1:]
-    times = [dt.datetime.fromisoformat(r[0].strip()[:26]) for r in body]
-    kept = [
-        r for r, t in zip(body, times, strict=True) if (t - times[0]).total_seconds() < s.horizon_s
-    ]
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(kept)
-    return path
-
-
-def slice_requests(s: Settings, slice_csv: Path) -> list[TraceRequest]:
-    """The slice as `wok simulate` builds it: read, then overlay-scaled with the seed."""
-    requests = load_trace(str(slice_csv), seed=s.seed)
-    if s.rate_scale != 1.0:
-        requests = scale_rate(requests, s.rate_scale, mode=s.rate_mode, seed=s.seed)
-    return requests
-
-
-def start_replicas(s: Settings, requests: list[TraceRequest]) -> int:
-    """The simulator's warm start for these requests (every autoscaler there starts from it)."""
-    from wok_sim.cli import warm_start
-    from wok_sim.profile import load_profile
-    from wok_sim.report import Slos
-
-    slos = Slos(s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s)
-    return warm_start(load_profile(s.profile), requests, slos)
-
-
-def request_specs(s: Settings, requests: list[TraceRequest]) -> list[RequestSpec]:
-    """What the client sends: lengths clipped as the simulator and the runtime clip them."""
-    from wok_sim.profile import load_profile
-    from wok_sim.traces import clip_to_model
-
-    clipped, _ = clip_to_model(requests, load_profile(s.profile).max_model_len)
-    return [RequestSpec(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in clipped]
-
+from wok_runtime.bench_http import RequestSpec
 
 # --- the simulator beside the cluster ----------------------------------------------------------
 
@@ -214,291 +135,6 @@ def simulate(s: Settings, slice_csv: Path, twins: list[str]) -> tuple[dict[str, 
 
 
 # --- the cluster run ---------------------------------------------------------------------------
-
-
-def service_spec(policy: str, s: Settings, initial: int, fixed_batch: int | None) -> dict:
-    """The InferenceService of a run: the same pods for every policy; who owns which knob."""
-    spec: dict[str, Any] = {
-        "model": {"source": s.profile, "preset": "llama-3-8b", "dtype": "bfloat16"},
-        # the defaults otherwise (queue 256 / 30 s, drain 30 s), as the simulator's
-        "runtime": {
-            "gpuMemory": "80Gi",
-            "cpu": "250m",
-            "memory": "256Mi",
-            "simLoadSeconds": s.load_seconds,
-        },
-        # the profile's context: the code trace's prompts run to 7,437 tokens
-        "memory": {"maxModelLen": 8192},
-        "scaling": {
-            "minReplicas": initial,
-            "maxReplicas": s.max_replicas,
-            "podStartSeconds": round(s.load_seconds),
-        },
-        "slo": {
-            "ttftP99Seconds": s.slo_ttft_s,
-            "tpotP99Seconds": s.slo_tpot_s,
-            "e2eP99Seconds": s.slo_e2e_s,
-        },
-    }
-    if policy in EXTERNAL:
-        spec["replicas"] = initial
-        spec["scaling"] = {**spec["scaling"], "replicas": "external", "minReplicas": 1}
-    if fixed_batch is not None:
-        b = fixed_batch
-        spec["batching"] = {"minBatchSize": b, "initialBatchSize": b, "maxBatchSize": b}
-    return spec
-
-
-def scaled_object(policy: str, namespace: str, prometheus_url: str, s: Settings) -> dict:
-    """KEDA's ScaledObject on the InferenceService's scale subresource; HPA default behaviour."""
-    selector = f'{{namespace="{namespace}"}}'
-    if policy == "hpa-concurrency":
-        trigger = {
-            "type": "prometheus",
-            "metricType": "AverageValue",
-            "metadata": {
-                "serverAddress": prometheus_url,
-                "query": f"sum(vllm:num_requests_running{selector})"
-                f" + sum(vllm:num_requests_waiting{selector})",
-                "threshold": str(CONCURRENCY_TARGET),
-            },
-        }
-        polling = 15
-    else:
-        trigger = {
-            "type": "prometheus",
-            "metricType": "AverageValue",
-            "useCachedMetrics": True,
-            "metadata": {
-                "serverAddress": prometheus_url,
-                "query": f"sum(vllm:num_requests_waiting{selector})",
-                "threshold": str(WAITING_THRESHOLD),
-            },
-        }
-        polling = 30
-    return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": NAME, "namespace": namespace},
-        "spec": {
-            "scaleTargetRef": {
-                "apiVersion": "wok.dev/v1alpha1",
-                "kind": "InferenceService",
-                "name": NAME,
-            },
-            "pollingInterval": polling,
-            "minReplicaCount": 1,
-            "maxReplicaCount": s.max_replicas,
-            "triggers": [trigger],
-        },
-    }
-
-
-@dataclass
-class Fleet:
-    """The runtime pods as the apiserver lists them, polled every second: where to route, the
-    pod-seconds the run pays for, the timeline, the machine's load."""
-
-    api: KubeApi
-    namespace: str
-    horizon_s: float
-    ready: list[str] = field(default_factory=list)
-    outstanding: dict[str, int] = field(default_factory=dict)
-    pod_seconds: float = 0.0  # within [0, horizon_s], as the simulator bills
-    pod_seconds_total: float = 0.0  # until the last answer
-    timeline: list[dict[str, Any]] = field(default_factory=list)
-    load: list[float] = field(default_factory=list)
-    send_late: list[float] = field(default_factory=list)  # s after the arrival, first attempts
-    decisions: Path | None = None  # each new status.lastDecision appended, one JSON a line
-    _last: tuple[float, int] | None = None
-    _last_decision: str | None = None
-
-    def list_pods(self) -> list[dict]:
-        pods = self.api.get(
-            f"/api/v1/namespaces/{self.namespace}/pods", labelSelector=f"wok.dev/service={NAME}"
-        )["items"]
-        alive = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        self.ready = [
-            p["status"]["podIP"]
-            for p in alive
-            if p["status"].get("podIP")
-            and any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in p["status"].get("conditions", [])
-            )
-        ]
-        return pods
-
-    def refresh(self, t: float) -> None:
-        """One sample at `t` seconds into the replay."""
-        pods = self.list_pods()
-        if self._last is not None:  # the count held since the last sample
-            t0, n = self._last
-            self.pod_seconds_total += n * (t - t0)
-            self.pod_seconds += n * max(0.0, min(t, self.horizon_s) - min(t0, self.horizon_s))
-        self._last = (t, len(pods))
-        self.load.append(os.getloadavg()[0])
-        wis = self.api.get(
-            f"/apis/wok.dev/v1alpha1/namespaces/{self.namespace}/inferenceservices/{NAME}"
-        )
-        deployment = self.api.get(
-            f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{NAME}-runtime"
-        )
-        decision = wis.get("status", {}).get("lastDecision")
-        if self.decisions is not None and decision and decision["time"] != self._last_decision:
-            # the operator's reasons, kept for after the run (its namespace goes with it)
-            self._last_decision = decision["time"]
-            with self.decisions.open("a") as out:
-                out.write(json.dumps({"t": round(t, 1), **decision}) + "\n")
-        self.timeline.append(
-            {
-                "t": round(t, 1),
-                "pods": len(pods),
-                "ready": len(self.ready),
-                "replicas": deployment["spec"]["replicas"],
-                "wis_replicas": wis["spec"].get("replicas"),
-                "batch": wis.get("status", {}).get("batchSize"),
-                "in_flight": sum(self.outstanding.values()),
-                "load1": round(self.load[-1], 2),
-            }
-        )
-
-    def pick(self, tried: Collection[str] = ()) -> str | None:
-        """The ready pod with the fewest requests in flight from this client, none of `tried`:
-        a retry goes to another pod, as a gateway's does (Envoy's `previous_hosts` predicate).
-        Otherwise a pod that has closed its listener to drain, with nothing in flight, is the
-        least loaded and takes every retry until the next poll."""
-        candidates = [ip for ip in self.ready if ip not in tried]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda ip: (self.outstanding.get(ip, 0), random.random()))
-
-
-def _retryable(result: RequestResult) -> bool:
-    if result.status == 0 and result.error and "ConnectError" in result.error:
-        return True  # a pod that just went away
-    return result.status == 503 and any(c in (result.body or "") for c in RETRY_CODES)
-
-
-async def replay(
-    fleet: Fleet, specs: list[RequestSpec], seed: int, tag: str
-) -> tuple[list[RequestResult], float]:
-    """Sends every request at its arrival; latencies count from the arrival (a wait for a ready
-    pod or a retry is the user's wait too). Returns the results and the replay's seconds."""
-    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=400)
-    rng = random.Random(seed)
-    results = [RequestResult(expected_tokens=s.output_len) for s in specs]
-    started = time.perf_counter()
-    done = 0
-
-    async def poll() -> None:
-        last_log = 0.0
-        while True:
-            t = time.perf_counter() - started
-            try:
-                await asyncio.to_thread(fleet.refresh, t)
-            except (KubeError, httpx.HTTPError) as error:
-                print(f"[{tag}] poll failed: {error!r}"[:300], file=sys.stderr)
-            if t - last_log >= 60:
-                last_log = t
-                row = fleet.timeline[-1] if fleet.timeline else {}
-                print(
-                    f"[{tag}] t={t:5.0f} s done {done}/{len(specs)} pods {row.get('pods')} "
-                    f"ready {row.get('ready')} batch {row.get('batch')} load {row.get('load1')}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            await asyncio.sleep(SAMPLE_S)
-
-    async def send(i: int, spec: RequestSpec, client: httpx.AsyncClient) -> None:
-        nonlocal done
-        await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - started)))
-        result = RequestResult(expected_tokens=spec.output_len, error="no ready pod")
-        attempts = 0
-        tried: set[str] = set()
-        for _ in range(3):
-            ip = fleet.pick(tried)
-            if ip is None:
-                await asyncio.sleep(0.5)
-                continue
-            tried.add(ip)
-            fleet.outstanding[ip] = fleet.outstanding.get(ip, 0) + 1
-            late = time.perf_counter() - started - spec.send_at
-            if not attempts:  # how late the client itself was (a starved event loop)
-                fleet.send_late.append(late)
-            attempts += 1
-            try:
-                result = await send_completion(client, f"http://{ip}:8000", MODEL, spec, rng)
-            finally:
-                fleet.outstanding[ip] -= 1
-            if result.ttft_s is not None:
-                result.ttft_s += late
-            if result.e2e_s is not None:
-                result.e2e_s += late
-            if not _retryable(result):
-                break
-        results[i] = result
-        done += 1
-
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300.0)) as client:
-        poller = asyncio.create_task(poll())
-        await asyncio.gather(*(send(i, spec, client) for i, spec in enumerate(specs)))
-        # the fleet bills until the trace's span ends, as in the simulator, even when the last
-        # answer came earlier
-        await asyncio.sleep(max(0.0, fleet.horizon_s - (time.perf_counter() - started)))
-        await asyncio.to_thread(fleet.refresh, time.perf_counter() - started)
-        poller.cancel()
-    return results, time.perf_counter() - started
-
-
-def summarize(results: list[RequestResult], fleet: Fleet, s: Settings) -> dict[str, Any]:
-    """As `wok_sim.report.summarize` counts: every request in the denominator, misses included."""
-    n = len(results)
-
-    def met(r: RequestResult) -> tuple[bool, bool, bool]:
-        if not r.ok or r.ttft_s is None or r.e2e_s is None:
-            return (False, False, False)
-        tpot = r.tpot_s
-        return (
-            r.ttft_s <= s.slo_ttft_s,
-            tpot is None or tpot <= s.slo_tpot_s,
-            r.e2e_s <= s.slo_e2e_s,
-        )
-
-    hits = [met(r) for r in results]
-    replicas = [row["replicas"] for row in fleet.timeline]
-    directions = [b > a for a, b in itertools.pairwise(replicas) if b != a]
-    flips = sum(1 for a, b in itertools.pairwise(directions) if a != b)
-    ok = [r for r in results if r.ok]
-    return {
-        "requests": n,
-        "slo_attainment": sum(all(h) for h in hits) / n,
-        "ttft_attainment": sum(h[0] for h in hits) / n,
-        "tpot_attainment": sum(h[1] for h in hits) / n,
-        "e2e_attainment": sum(h[2] for h in hits) / n,
-        "p99_ttft_s": p99([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "p99_tpot_s": p99([t for r in ok if (t := r.tpot_s) is not None]),
-        "p99_e2e_s": p99([r.e2e_s for r in ok if r.e2e_s is not None]),
-        "pod_hours": fleet.pod_seconds / 3600,
-        "pod_hours_with_tail": fleet.pod_seconds_total / 3600,
-        "scale_events": len(directions),
-        "flips": flips,
-        "rejected": sum(1 for r in results if r.status == 429),
-        "timeouts": sum(
-            1 for r in results if r.status == 503 and "queue_timeout" in (r.body or "")
-        ),
-        "failed": sum(1 for r in results if not r.ok and r.status != 429),
-        "max_replicas": max(replicas, default=0),
-        "failure_reasons": Counter(
-            f"{r.status} {r.error or (r.body or '')[:80]}"[:120]
-            for r in results
-            if not r.ok and r.status != 429
-        ).most_common(5),
-        "client_send_late_p50_s": statistics.median(fleet.send_late) if fleet.send_late else None,
-        "client_send_late_p99_s": p99(fleet.send_late),
-        "load_avg_median": statistics.median(fleet.load) if fleet.load else None,
-        "load_avg_max": max(fleet.load, default=None),
-    }
 
 
 class Operator:
@@ -653,186 +289,6 @@ def run_policy(
             kubectl(kc, "delete", "namespace", namespace, "--wait=false")
 
 
-# --- the report --------------------------------------------------------------------------------
-
-
-def pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f} %"
-
-
-def sec(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}"
-
-
-def write_markdown(data: dict[str, Any]) -> str:
-    s = Settings(**data["settings"])
-    runs: dict[str, dict] = data.get("runs", {})
-    sims: dict[str, dict] = data.get("simulator", {})
-    ordered = [p for p in POLICIES if p in runs]
-    lines = [
-        "# wok against KEDA and the HPA on the emulated cluster",
-        "",
-        "Made by `bench/autoscale_cluster.py`; every invocation merges its runs into "
-        "`autoscale_cluster.json` and rewrites this file and the plot from all runs present. "
-        "Commands:",
-        "",
-        *(f"- `{c}`" for c in data.get("commands", [])),
-        "",
-        f"**Set-up.** The first {s.minutes:g} min of the shared Azure code trace, "
-        f"{s.rate_mode} ×{s.rate_scale:g} (seed {s.seed}), replayed with its clock against "
-        f"an InferenceService on `{s.profile}` pods (the real runtime on the simulated "
-        f"accelerator, {s.load_seconds:g} s load), on the emulated cluster (real kube-apiserver, "
-        "kube-controller-manager with its HPA controller, KEDA v2 from upstream, Prometheus "
-        f"scraping every {SCRAPE_INTERVAL}). SLOs: TTFT {s.slo_ttft_s:g} s, mean TPOT "
-        f"{s.slo_tpot_s:g} s, E2E {s.slo_e2e_s:g} s, on the client, from each request's "
-        "scheduled arrival; 429s, timeouts and failures miss all three. Every run starts from "
-        "the same ready fleet, the simulator's warm start for the slice; at most "
-        f"{s.max_replicas} replicas. Requests go to the ready pod with the fewest in flight "
-        "(the simulator's `least-loaded`); a refused connection or a 503 `draining`/`loading` "
-        "is retried on a pod not tried yet, at most three attempts. Pod-hours count every pod "
-        "from creation to deletion, pending and terminating included, within the trace's span "
-        "(as the simulator bills; "
-        "with the tail until the last answer in the JSON).",
-        "",
-        "- `keda-waiting`: KEDA ScaledObject, Prometheus trigger "
-        f"`sum(vllm:num_requests_waiting{{namespace=…}})`, threshold {WAITING_THRESHOLD} "
-        "(AverageValue), pollingInterval 30 s, `useCachedMetrics` (the simulator's KEDA "
-        "model), HPA default behaviour, on the InferenceService's scale subresource "
-        "(`scaling.replicas: external`), fixed batch.",
-        "- `hpa-concurrency`: the same path, query `sum(running) + sum(waiting)`, AverageValue "
-        f"target {CONCURRENCY_TARGET} per pod, read at every 15 s HPA sync; fixed batch.",
-        "- `wok`: the operator moves batch and replicas (defaults; podStartSeconds "
-        f"{round(s.load_seconds)}).",
-        "- `wok-batch+keda`: KEDA as in `keda-waiting` owns the replicas, wok moves the batch.",
-        "",
-        "Fixed batches: the simulator's best in hindsight for the policy's twin on this slice.",
-        "",
-        "## On the cluster",
-        "",
-        "| policy | all SLOs | TTFT | TPOT | E2E | P99 TTFT s | P99 TPOT s | P99 E2E s | pod-h |"
-        " scale events | flips | 429 | timeouts | failed | max R | B |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for policy in ordered:
-        r = runs[policy]
-        lines.append(
-            f"| {policy} | {pct(r['slo_attainment'])} | {pct(r['ttft_attainment'])} | "
-            f"{pct(r['tpot_attainment'])} | {pct(r['e2e_attainment'])} | {sec(r['p99_ttft_s'])} | "
-            f"{r['p99_tpot_s']:.3f} | {sec(r['p99_e2e_s'])} | {r['pod_hours']:.2f} | "
-            f"{r['scale_events']} | {r['flips']} | {r['rejected']} | {r.get('timeouts', '–')} | "
-            f"{r['failed']} | "
-            f"{r['max_replicas']} | {r['fixed_batch'] or 'wok'} |"
-        )
-    lines += [
-        "",
-        "## Beside the simulator",
-        "",
-        "`wok simulate` on the same slice (written to a CSV in the trace's format), same rate "
-        f"scale, mode, seed, SLOs, profile, warm start and max replicas, `--cold-start "
-        f"{s.load_seconds:g} --routing least-loaded --scrape-interval 5 --duration "
-        f"{s.horizon_s:g}`. Target: within 3 points of attainment and 10 % of pod-hours.",
-        "",
-        "| policy | simulator twin | B cluster / sim | all SLOs cluster | sim | Δ points |"
-        " pod-h cluster | sim | Δ % | within target |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for policy in ordered:
-        r = runs[policy]
-        twin = SIM_TWIN[policy]
-        if twin is None or twin not in sims:
-            lines.append(
-                f"| {policy} | none (the simulator has no policy with wok on the batch and KEDA "
-                f"on the replicas) | – | {pct(r['slo_attainment'])} | – | – | "
-                f"{r['pod_hours']:.2f} | – | – | – |"
-            )
-            continue
-        m = sims[twin]
-        d_att = 100 * (r["slo_attainment"] - m["slo_attainment"])
-        d_pod = (
-            100 * (r["pod_hours"] - m["gpu_hours"]) / m["gpu_hours"] if m["gpu_hours"] else math.nan
-        )
-        ok = abs(d_att) <= 3 and abs(d_pod) <= 10
-        lines.append(
-            f"| {policy} | {twin} | {r['fixed_batch'] or 'wok'} / {m.get('batch_size') or 'wok'} |"
-            f" {pct(r['slo_attainment'])} | {pct(m['slo_attainment'])} | {d_att:+.1f} | "
-            f"{r['pod_hours']:.2f} | {m['gpu_hours']:.2f} | {d_pod:+.1f} % | "
-            f"{'yes' if ok else 'no'} |"
-        )
-    lines += [
-        "",
-        "Simulator, more columns:",
-        "",
-        "| twin | all SLOs | TTFT | TPOT | E2E | GPU-h | P99 TTFT s | P99 E2E s | scale events |"
-        " flips | rejected | timeouts | B | simulated on |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for twin, m in sorted(sims.items()):
-        lines.append(
-            f"| {twin} | {pct(m['slo_attainment'])} | {pct(m['ttft_attainment'])} | "
-            f"{pct(m['tpot_attainment'])} | {pct(m['e2e_attainment'])} | {m['gpu_hours']:.2f} | "
-            f"{sec(m['p99_ttft_s'])} | {sec(m['p99_e2e_s'])} | "
-            f"{m['scale_events']} | {m['flips']} | {m['rejected']} | {m['timeouts']} | "
-            f"{m.get('batch_size') or 'wok'} | {m.get('date', '?')} |"
-        )
-    lines += [
-        "",
-        "## The runs",
-        "",
-        "Wall time: the whole run (namespace, fleet start, replay, read-out); the machine's "
-        "1-minute load average sampled every second during the replay (2 cores, shared with "
-        "other work); client late: how long after its arrival the client sent a request (its "
-        "own event loop's lag, counted in the latencies); run beside: the runs of the same "
-        "invocation that shared the cluster and the cores at the same time.",
-        "",
-        "| policy | date (UTC) | wall s | replay s | fleet ready s | load avg median / max |"
-        " client late P99 s | run beside | requests | initial R | HPA rescales |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for policy in ordered:
-        r = runs[policy]
-        rescales = len(r.get("hpa_rescales", [])) if "hpa_rescales" in r else "–"
-        beside = ", ".join(r.get("parallel_with", [])) or "–"
-        lines.append(
-            f"| {policy} | {r['date']} | {r['wall_s']:.0f} | {r['replay_s']:.0f} | "
-            f"{r['fleet_ready_s']:.0f} | {r['load_avg_median']:.2f} / {r['load_avg_max']:.2f} | "
-            f"{sec(r.get('client_send_late_p99_s'))} | {beside} | "
-            f"{r['requests']} | {r['initial_replicas']} | {rescales} |"
-        )
-    notes = data.get("notes", [])
-    if notes:
-        lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
-    return "\n".join(lines) + "\n"
-
-
-def plot(data: dict[str, Any], specs: list[RequestSpec] | None, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = data.get("runs", {})
-    fig, (ax_l, ax_r, ax_b) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    if specs:
-        minutes = Counter(int(sp.send_at // 60) for sp in specs)
-        xs = sorted(minutes)
-        ax_l.step([x for x in xs], [minutes[x] / 60 for x in xs], where="post", color="gray")
-    ax_l.set_ylabel("arrivals / s (per minute)")
-    for policy in POLICIES:
-        if policy not in runs:
-            continue
-        timeline = runs[policy]["timeline"]
-        t = [row["t"] / 60 for row in timeline]
-        ax_r.plot(t, [row["pods"] for row in timeline], label=policy)
-        ax_b.plot(t, [row["batch"] or 0 for row in timeline], label=policy)
-    ax_r.set_ylabel("pods (pending included)")
-    ax_b.set_ylabel("batch size")
-    ax_b.set_xlabel("minutes into the trace")
-    ax_r.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # --- main --------------------------------------------------------------------------------------
 
 
@@ -925,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         needed = BUILT + KEDA if any(x in EXTERNAL for x in policies) else BUILT
         if missing(needed):
             raise SystemExit(
-                f"{missing(needed)} not built in {bin_dir()}: run e2e/cluster/build.sh first"
+                f"{missing(needed)} not built in {bin_dir()}: run cluster/build.sh first"
             )
         batches = {
             x: (args.fixed_batch or data["simulator"][SIM_TWIN[x]]["batch_size"])

@@ -27,12 +27,12 @@ from pathlib import Path
 
 from autoscale_sim import HELD_OUT, PROFILE, SHARED_TRACE, held_out_scale
 
-from wok_sim.cli import batch_mem_of, warm_start
+from wok_contracts.profile import StepProfile, load_profile
+from wok_contracts.traces import TraceRequest, clip_to_model, load_trace, scale_rate
 from wok_sim.fleet import FleetConfig, simulate_fleet
+from wok_sim.plan import batch_mem_of, warm_start
 from wok_sim.policy import Action, FleetView
-from wok_sim.profile import StepProfile, load_profile
 from wok_sim.report import Slos, summarize
-from wok_sim.traces import TraceRequest, clip_to_model, load_trace, scale_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 POD_START_S = 90.0

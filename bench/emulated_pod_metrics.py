@@ -1,6 +1,6 @@
 """A metrics source for many emulated pods: one process that answers, on every emulated (KWOK)
 runtime pod's own IP and port, what a runtime pod would: /metrics with every series of the
-runtime's metric contract (`wok_runtime.metrics.METRICS`), and the admin batch-size PUT.
+runtime's metric contract (`wok_contracts.metrics.METRICS`), and the admin batch-size PUT.
 
 Why: a thousand real runtime processes do not fit a 2-core machine, and a scale benchmark of the
 operator needs the usual query path: Prometheus finds the pods through Kubernetes discovery,
@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent / "e2e" / "cluster")]
+sys.path[:0] = [str(BENCH.parent / "cluster")]
 
 from wok_cluster.kubeapi import KubeApi  # noqa: E402
+from wok_contracts.metrics import METRICS, MODEL_LABEL, MetricSpec  # noqa: E402
 from wok_operator.actuate import ADMIN_PATH  # noqa: E402
 from wok_operator.resources import MANAGED_BY, RUNTIME_PORT, SERVICE_LABEL  # noqa: E402
-from wok_runtime.metrics import METRICS, MODEL_LABEL, MetricSpec  # noqa: E402
 
 LATENCY_S = 4.0  # a request's mean time in the pod (running = rate × this)
 # Per metric: how many observations (histograms) or units (counters) each request brings, and

@@ -60,7 +60,8 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "e2e")]
 
-from autoscale_cluster import MODEL, PROFILE, SCRAPE_INTERVAL, Settings, service_spec  # noqa: E402
+from autoscale_manifests import service_spec  # noqa: E402
+from autoscale_settings import MODEL, PROFILE, SCRAPE_INTERVAL, Settings  # noqa: E402
 from operator_harness import OperatorProcess, install_crds, kubectl  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -553,7 +554,7 @@ def start_metrics_source(kubeconfig: Path, run_dir: Path, run_marker: str) -> su
 
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if missing(BUILT):
-        raise SystemExit(f"{missing(BUILT)} not built in {bin_dir()}: run e2e/cluster/build.sh")
+        raise SystemExit(f"{missing(BUILT)} not built in {bin_dir()}: run cluster/build.sh")
     started = time.monotonic()
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run_dir = Path(tempfile.mkdtemp(prefix="wok-opscale-"))

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from wok_contracts.profile import StepProfile, load_profile
+from wok_contracts.traces import TraceRequest, read_azure
 from wok_runtime.bench_engine import (
     BenchRequest,
     percentile,
@@ -56,9 +58,7 @@ from wok_runtime.bench_engine import (
 from wok_runtime.engine import EngineConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.profiler import StepSample, context_tokens, device_label, fit_step_costs
-from wok_sim.profile import StepProfile, load_profile
 from wok_sim.replica import run_single
-from wok_sim.traces import TraceRequest, read_azure
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"
 OUT = Path(__file__).resolve().parent / "results" / "profile_check.md"

@@ -9,9 +9,9 @@ Three parts, each against a real server process on loopback:
 
 - `idle`: a ready pod scraped every 5 s (as Prometheus would) and nothing else.
 - `load`: Poisson arrivals at `--rate` for `--seconds` with the fleet simulator's default lengths
-  (`wok_sim.traces.poisson`: exponential, mean prompt 512 and output 128 tokens; the Azure code
-  trace's 2,048-token mean prompt would need 1.6 s of prefill a second at 20 req/s, more than one
-  such GPU has), token-id prompts and `ignore_eos` (exact lengths), non-streamed and streamed.
+  (`wok_contracts.traces.poisson`: exponential, mean prompt 512 and output 128 tokens; the Azure
+  code trace's 2,048-token mean prompt would need 1.6 s of prefill a second at 20 req/s, more than
+  one such GPU has), token-id prompts and `ignore_eos` (exact lengths), non-streamed and streamed.
   The server's CPU comes from /proc/PID/stat (user + system) over the run; RSS is VmRSS at the
   end and VmHWM.
 - `pace`: a closed loop of exactly B clients at batch cap B (fixed prompt and output lengths).
@@ -37,9 +37,9 @@ from typing import Any
 
 import httpx
 
+from wok_contracts.profile import StepProfile, load_profile
+from wok_contracts.traces import clip_to_model, poisson
 from wok_runtime.bench_http import PROMPT_TOKEN_RANGE
-from wok_sim.profile import StepProfile, load_profile
-from wok_sim.traces import clip_to_model, poisson
 
 ROOT = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")

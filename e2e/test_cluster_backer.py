@@ -16,7 +16,7 @@ from wok_cluster.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-PODSERVER = Path(__file__).resolve().parent / "cluster" / "testdata" / "podserver.py"
+PODSERVER = Path(__file__).resolve().parent / "testdata" / "podserver.py"
 TOKEN = "s3cret-admin-token"
 
 

@@ -23,6 +23,7 @@ from wok_cluster.keda import APISERVICE
 from wok_cluster.kubeapi import KubeError
 from wok_cluster.process import processes_marked
 from wok_cluster.waiting import wait_until
+from wok_sim.baselines import WAITING_TARGET
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +31,7 @@ NAME = "llm"
 MAX_REPLICAS = 3
 # longer than the HPA controller's 15 s sync, so the window decides when it scales down
 SCALE_DOWN_WINDOW_S = 30
-THRESHOLD = 5
+THRESHOLD = WAITING_TARGET  # the simulator's keda-waiting threshold
 # 24 clients on pods that run 2 sequences at a time: 22 waiting on one pod, 18 on three, so the
 # HPA's desired count (ceil(waiting / 5)) stays above MAX_REPLICAS until the load stops
 CLIENTS = 24
@@ -103,7 +104,7 @@ def _scaled_object(namespace: str, prometheus_url: str) -> dict:
                     "metadata": {
                         "serverAddress": prometheus_url,
                         "query": f'sum(vllm:num_requests_waiting{{namespace="{namespace}"}})',
-                        "threshold": str(THRESHOLD),
+                        "threshold": f"{THRESHOLD:g}",
                     },
                 }
             ],

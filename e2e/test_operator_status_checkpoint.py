@@ -13,9 +13,9 @@ import yaml
 from kubernetes import config as kube_config
 from operator_harness import install_crds, kubectl, stored_deployment
 
+from wok_contracts.signals import PodView
 from wok_operator.actuate import Kube
 from wok_operator.handlers import LoopMemo, OperatorConfig, ServiceTick, Shared
-from wok_operator.loop import PodView
 from wok_operator.signals import Round, SignalsHub
 
 pytestmark = pytest.mark.e2e

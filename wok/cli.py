@@ -58,9 +58,8 @@ def wok_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from wok import demo
+    from wok import demo, dev
     from wok_batch import cli as batch_cli
-    from wok_cluster import cli as cluster_cli
     from wok_operator import cli as operator_cli
     from wok_runtime import cli as runtime_cli
     from wok_sim import cli as sim_cli
@@ -70,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"wok {wok_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for part in (operator_cli, runtime_cli, sim_cli, cluster_cli, batch_cli, demo):
+    for part in (operator_cli, runtime_cli, sim_cli, dev, batch_cli, demo):
         part.register(commands)
     _show_defaults(parser)
     return parser

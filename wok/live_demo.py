@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from wok_operator.control import LawParams, LoopState, Observation, decide
+from wok_contracts.signals import Observation
+from wok_operator.control import LawParams, LoopState, decide
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from wok_operator.control import Decision, LawParams, LoopState, Observation
+from wok_contracts.signals import Observation
+from wok_operator.control import Decision, LawParams, LoopState
 
 
 @dataclass(frozen=True)

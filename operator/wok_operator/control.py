@@ -57,6 +57,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
+from wok_contracts.signals import Observation
 from wok_operator.api import InferenceServiceSpec
 
 #: Rates below this (requests/s) say nothing a pod could be sized on: one request in 11 days.
@@ -172,37 +173,6 @@ class LawParams:
     def replicas_floor(self) -> int:
         # wok does not scale to zero (nothing would buffer the first request); maxReplicas 0 pauses.
         return min(max(self.replicas_min, 1), self.replicas_max)
-
-
-@dataclass(frozen=True)
-class Observation:
-    queue_per_replica: float | None  # waiting requests per reporting pod
-    kv_usage: float | None  # the fullest pod's KV cache (0..1)
-    ready_replicas: int
-    pending_replicas: int
-    running_per_replica: float | None = None
-    p99_ttft_seconds: float | None = None  # rejected and timed-out requests count as misses
-    p99_tpot_seconds: float | None = None
-    p99_seconds: float | None = None  # end to end, misses included
-    p99_service_seconds: float | None = None  # first scheduled to last token
-    reporting_replicas: int | None = None  # ready pods whose metrics came in (None: all)
-    finished_per_s: float | None = None  # completions over the SLO window, all pods
-    rejected_per_s: float | None = None  # 429s and queue timeouts over the SLO window
-    # The P99s over the SLO's budget window (misses included where the windowed ones have them).
-    budget_p99_ttft_seconds: float | None = None
-    budget_p99_tpot_seconds: float | None = None
-    budget_p99_seconds: float | None = None
-    # The P99.5s over the budget window: within the SLOs, at least half the budget is left.
-    budget_p995_ttft_seconds: float | None = None
-    budget_p995_tpot_seconds: float | None = None
-    budget_p995_seconds: float | None = None
-    stalled_replicas: int = 0  # pods pending past their pod start and a margin (not in pending)
-
-    @property
-    def reporting(self) -> int:
-        """The ready pods behind the per-pod figures."""
-        ready = self.ready_replicas
-        return ready if self.reporting_replicas is None else min(self.reporting_replicas, ready)
 
 
 @dataclass(frozen=True)

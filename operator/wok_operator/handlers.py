@@ -18,6 +18,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from wok_contracts.signals import PodView, ServiceSignals
 from wok_operator import conditions as cond
 from wok_operator import metrics
 from wok_operator.actuate import Kube, push_batch_size
@@ -26,7 +27,6 @@ from wok_operator.budget import MemoryBudget, plan_for_spec, sequence_length
 from wok_operator.control import Decision, LawParams, LoopState
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
-    PodView,
     TickResult,
     control_tick,
     decision_status,
@@ -50,7 +50,7 @@ from wok_operator.resources import (
     desired_service,
     selector_text,
 )
-from wok_operator.signals import ServiceSignals, SignalsHub
+from wok_operator.signals import SignalsHub
 
 
 @dataclass

@@ -13,36 +13,13 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from wok_contracts.signals import Observation, PodView, ServiceSignals
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec, LoopMemory
 from wok_operator.backlog import Backlog, backlog_need, compose
 from wok_operator.budget import MemoryBudget, gib
-from wok_operator.control import Decision, LawParams, LoopState, Observation, decide
-from wok_operator.signals import KV_BUDGET_TOLERANCE, ServiceSignals
-
-
-@dataclass(frozen=True)
-class PodView:
-    """What the loop needs of a runtime pod (kept in a Kopf index, so ticks cost no API call)."""
-
-    name: str
-    uid: str
-    ip: str | None
-    ready: bool
-    terminating: bool
-    created: float | None = None  # metadata.creationTimestamp, Unix seconds
-
-    @property
-    def pending(self) -> bool:
-        return not self.ready and not self.terminating
-
-    def stalled(self, now: float | None, after_s: float) -> bool:
-        """Pending for longer than `after_s`: not on its way (a bad node, an image that never
-        pulls), so no capacity."""
-        return (
-            self.pending and now is not None and self.created is not None
-            and now - self.created > after_s
-        )  # fmt: skip
+from wok_operator.control import Decision, LawParams, LoopState, decide
+from wok_operator.signals import KV_BUDGET_TOLERANCE
 
 
 def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView:

@@ -6,7 +6,7 @@ read the same Prometheus: the first loop to find the last round older than its i
 new one, the others reuse it. A round's queries run a few at a time (`QUERY_POOL`); where the
 chart's recording rules run (`recording_rules`), the hour-long quantiles are read from their
 recorded series instead of being computed at every round. The metric names are the runtime's
-(`wok_runtime.metrics`); a test checks that every one named here is really exported.
+(`wok_contracts.metrics`); a test checks that every one named here is really exported.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from wok_contracts.signals import ServiceSignals
 from wok_operator.metrics import PROMQL_REQUESTS
 
 ServiceKey = tuple[str, str]  # (namespace, service)
@@ -227,37 +228,6 @@ def parse_vector(result: list[dict[str, Any]]) -> dict[ServiceKey, float]:
         if key[1] and math.isfinite(value):
             values[key] = value
     return values
-
-
-@dataclass(frozen=True)
-class ServiceSignals:
-    """What Prometheus says about one service; None where it has no (finite) sample."""
-
-    waiting: float | None = None
-    running: float | None = None
-    kv_usage: float | None = None
-    reporting_pods: int | None = None
-    p99_seconds: float | None = None  # end to end, rejected and timed-out requests included
-    p99_ttft_seconds: float | None = None  # rejected and timed-out requests included
-    p99_tpot_seconds: float | None = None  # of each request's mean time per output token
-    p99_service_seconds: float | None = None
-    # The same P99s over the SLO's budget window (the error budget: more than 1 % missed).
-    budget_p99_seconds: float | None = None
-    budget_p99_ttft_seconds: float | None = None
-    budget_p99_tpot_seconds: float | None = None
-    # The P99.5s over the budget window: within the SLOs, at least half the budget is left.
-    budget_p995_seconds: float | None = None
-    budget_p995_ttft_seconds: float | None = None
-    budget_p995_tpot_seconds: float | None = None
-    mean_sequence_tokens: float | None = None
-    finished_per_s: float | None = None
-    rejected_per_s: float | None = None
-    batch_requests: float | None = None  # the batch lane's waiting + running
-    batch_pending_tokens: float | None = None
-    batch_tokens_per_s: float | None = None
-    kv_budget_bytes: float | None = None  # the GPU pods' KV pool (the largest, if they differ)
-    # Measured room ÷ budget of the GPU pod farthest from 1 (None: no GPU pod reports it).
-    kv_measured_ratio: float | None = None
 
 
 @dataclass

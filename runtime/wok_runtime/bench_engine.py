@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_sim.traces import read_azure
+from wok_contracts.traces import read_azure
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.engine import EngineConfig, RequestOutput, StepStats

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from wok_sim.traces import read_azure
+from wok_contracts.traces import read_azure
 
 PROMPT_TOKEN_RANGE = (10, 250)  # ids every vocabulary has (byte-level BPE: the 256 byte tokens)
 BATCH_SIZE_METRIC = "wok_batch_size"

@@ -31,7 +31,7 @@ def register(commands: Any) -> None:
     _register_profile(commands)
 
 
-# --- wok runtime serve (server.py) ---------------------------------------------------------------
+# --- wok runtime serve (serve.py) ----------------------------------------------------------------
 
 
 def _register_serve(runtime: Any) -> None:
@@ -139,7 +139,7 @@ def _register_serve(runtime: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from wok_runtime.server import serve_from_args
+    from wok_runtime.serve import serve_from_args
 
     return serve_from_args(args)
 

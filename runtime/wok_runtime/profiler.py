@@ -1,7 +1,7 @@
 """`wok profile`: what one engine step costs on this device, as a `wok_sim` step-time profile.
 
 Why: the fleet simulator, `wok plan` and the simulated accelerator all predict a step as
-`a + b·decodes + c·prefill_tokens + d·context_tokens` (`wok_sim.profile.StepProfile`). The
+`a + b·decodes + c·prefill_tokens + d·context_tokens` (`wok_contracts.profile.StepProfile`). The
 coefficients are only worth what their measurement is, so this module runs the real model runner
 and the engine's sampler on a grid of step shapes, times each shape (a warm-up pass, then the
 median over several passes through the whole grid in random orders, synchronised on CUDA), and
@@ -37,7 +37,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_sim.profile import StepProfile
+from wok_contracts.profile import StepCosts, StepProfile
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.engine import LLMEngine
@@ -73,7 +73,7 @@ class StepSample:
 
 
 @dataclass(frozen=True)
-class StepFit:
+class StepFit(StepCosts):
     a_s: float
     b_s_per_seq: float
     c_s_per_prefill_token: float
@@ -81,14 +81,6 @@ class StepFit:
     r2: float  # on seconds, unweighted
     median_abs_rel_error: float
     max_abs_rel_error: float
-
-    def predict(self, decodes: int, prefill_tokens: int, context_tokens: int) -> float:
-        return (
-            self.a_s
-            + self.b_s_per_seq * decodes
-            + self.c_s_per_prefill_token * prefill_tokens
-            + self.d_s_per_context_token * context_tokens
-        )
 
 
 # --- the fit (pure Python) ----------------------------------------------------------------------
@@ -125,7 +117,7 @@ def fit_step_costs(samples: Sequence[StepSample]) -> StepFit:
         raise ValueError("no non-negative fit with a positive fixed cost exists for these timings")
     a, b, c, d = best[1]
     fit = StepFit(a, b, c, d, r2=0.0, median_abs_rel_error=0.0, max_abs_rel_error=0.0)
-    predicted = [fit.predict(s.decodes, s.prefill_tokens, s.context_tokens) for s in samples]
+    predicted = [fit.step_seconds(s.decodes, s.prefill_tokens, s.context_tokens) for s in samples]
     seconds = [s.seconds for s in samples]
     mean = statistics.fmean(seconds)
     total = sum((t - mean) ** 2 for t in seconds)
@@ -462,7 +454,7 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
     from wok_runtime.loader import resolve_source
     from wok_runtime.model_config import ModelConfig
     from wok_runtime.model_runner import ModelRunner
-    from wok_runtime.server import _default_dtype
+    from wok_runtime.serve import _default_dtype
 
     decodes = parse_ints(args.decodes, "--decodes") if args.decodes else None
     contexts = parse_ints(args.contexts, "--contexts") if args.contexts else None
@@ -607,7 +599,9 @@ def fit_record(
                 "prefill_tokens": s.prefill_tokens,
                 "context_tokens": s.context_tokens,
                 "seconds": round(s.seconds, 6),
-                "predicted": round(fit.predict(s.decodes, s.prefill_tokens, s.context_tokens), 6),
+                "predicted": round(
+                    fit.step_seconds(s.decodes, s.prefill_tokens, s.context_tokens), 6
+                ),
                 "spread": round(s.spread, 4),
                 "passes": s.repeats,
             }

@@ -5,7 +5,7 @@ that behave like GPU pods in time, on a machine without GPUs. Everything else is
 (HTTP API, queue, scheduler, KV block manager, metrics, admin API); only the forward pass is
 replaced: for the batch the scheduler actually planned, the step sleeps the profile's step time
 
-    a + b·decodes + c·prefill tokens + d·context tokens     (wok_sim.profile.StepProfile)
+    a + b·decodes + c·prefill tokens + d·context tokens     (wok_contracts.profile.StepProfile)
 
 and each sequence that samples gets a token from a seeded generator. The KV pool is the
 profile's capacity, as block bookkeeping only: no tensors, and no torch on this path at all.
@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from wok_contracts.profile import StepProfile, load_profile
 from wok_runtime.builtin import SPECIAL_TOKENS, builtin_spec, ensure_builtin_tokenizer
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.step import StepTokens
 from wok_runtime.tokenizer import Tokenizer
-from wok_sim.profile import StepProfile, load_profile
 
 if TYPE_CHECKING:
     from wok_runtime.scheduler import SchedulerOutput

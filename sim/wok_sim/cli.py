@@ -9,7 +9,6 @@ or the runtime's dependencies.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import textwrap
@@ -23,9 +22,7 @@ from wok_sim import evaluate, plan_cli
 if TYPE_CHECKING:
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
-    from wok_sim.profile import StepProfile
     from wok_sim.report import PolicyResult, Slos
-    from wok_sim.traces import TraceRequest
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "azure_llm_2023_code.csv"
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
@@ -183,11 +180,12 @@ def _simulate(name: str, index: int) -> PolicyResult:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wok_contracts.profile import load_profile
+    from wok_contracts.traces import load_trace, scale_rate
     from wok_sim.fleet import FleetConfig
+    from wok_sim.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext, load_registry, resolve
-    from wok_sim.profile import load_profile
     from wok_sim.report import Slos, table, to_json, write_plots
-    from wok_sim.traces import load_trace, scale_rate
 
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
@@ -254,31 +252,6 @@ def rate_scale_of(trace: str, asked: float | None) -> float:
     if asked is not None:
         return asked
     return DEFAULT_TRACE_RATE_SCALE if Path(trace) == DEFAULT_TRACE else 1.0
-
-
-def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
-    """B_mem as the operator settles it with `lengthEstimate: observedMean` (the default): the
-    KV pool over the trace's mean sequence length."""
-    from wok_sim.traces import clip_to_model
-
-    clipped, _ = clip_to_model(list(requests), profile.max_model_len)
-    mean = sum(r.prompt_tokens + r.output_tokens for r in clipped) / max(len(clipped), 1)
-    return max(1, int(profile.kv_capacity_tokens // max(mean, 1.0)))
-
-
-def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slos) -> int:
-    """Every autoscaler starts with the fleet the planner sizes for the busiest minute of the
-    first five, as a service already running when the trace begins would be sized for the load
-    it has just seen (starting cold at one pod would charge each policy for a ramp the trace
-    never asked for)."""
-    from wok_sim.plan import LengthMix, peak_rate, replica_capacity
-
-    first_minutes = [r for r in requests if r.arrival_s < 300.0]
-    if not first_minutes:
-        return 1
-    mix = LengthMix.of_requests(requests, profile.max_model_len)
-    per_replica = replica_capacity(profile, mix, profile.kv_blocks, slos)
-    return max(1, math.ceil(peak_rate(first_minutes, 60.0) / per_replica))
 
 
 def _run_all(

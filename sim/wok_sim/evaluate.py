@@ -119,7 +119,7 @@ _CACHE: dict[Any, Any] = {}
 
 
 def _requests(trace: str, scale: float, seed: int) -> list[Any]:
-    from wok_sim.traces import load_trace, scale_rate
+    from wok_contracts.traces import load_trace, scale_rate
 
     key = ("requests", trace, scale, seed)
     if key not in _CACHE:
@@ -133,9 +133,9 @@ def _requests(trace: str, scale: float, seed: int) -> list[Any]:
 def context(condition: Condition, seed: int, *, warm_start_fleet: bool = True) -> Any:
     """The run's PolicyContext, as `wok simulate` builds it (the same warm start for all);
     without `warm_start_fleet` (enough to list the variants) it skips the planner's warm start."""
-    from wok_sim.cli import batch_mem_of, warm_start
+    from wok_contracts.profile import load_profile
+    from wok_sim.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext
-    from wok_sim.profile import load_profile
     from wok_sim.report import Slos
 
     key = ("context", condition, seed, warm_start_fleet)

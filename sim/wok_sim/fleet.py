@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from wok_operator.loop import PodView
+from wok_contracts.profile import StepProfile
+from wok_contracts.signals import PodView
+from wok_contracts.traces import TraceRequest, clip_to_model
 from wok_sim.policy import Action, FleetView, PodSample, Policy
-from wok_sim.profile import StepProfile
 from wok_sim.prometheus import EmulatedPrometheus
 from wok_sim.replica import (
     DEFAULT_MAX_QUEUE,
@@ -37,7 +38,6 @@ from wok_sim.replica import (
     RequestRecord,
     SimReplica,
 )
-from wok_sim.traces import TraceRequest, clip_to_model
 
 Routing = Literal["random", "least-loaded"]
 TAIL_S = 600.0  # after the last arrival, how long work may still finish before it is dropped

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from wok_sim.profile import StepProfile
-from wok_sim.report import Slos
-from wok_sim.traces import TraceRequest, clip_to_model
+from wok_contracts.profile import StepProfile
+from wok_contracts.traces import TraceRequest, clip_to_model
+from wok_sim.report import Slos, nearest_rank
 
 TARGET_ATTAINMENT = 0.99  # the share of requests that must meet every SLO at B_opt
 
@@ -119,11 +119,6 @@ class BatchPoint:
         return self.fits and self.attainment >= target
 
 
-def _quantile99(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
-
-
 def _share_below(limit: float, mean: float, spread: float) -> float:
     """P(X ≤ limit) for X normal around `mean` with standard deviation `spread`."""
     if spread <= 0:
@@ -162,11 +157,7 @@ def batch_point(profile: StepProfile, mix: LengthMix, batch: int, slos: Slos) ->
     decodes = starts * (mix.mean_output - 1)
     prefill = starts * mix.mean_prompt
     context = starts * sum(contexts) / n
-    step = profile.step_seconds(0, 0, 0) + (
-        profile.b_s_per_seq * decodes
-        + profile.c_s_per_prefill_token * prefill
-        + profile.d_s_per_context_token * context
-    )
+    step = profile.step_seconds(decodes, prefill, context)
     # A request's TPOT averages the steps of its O − 1 decodes. Prompts land in some steps and not
     # in others (a compound Poisson count of prompt tokens: variance x·E[P²] per step), so the TPOT
     # of a short answer spreads widely around t, that of a long one hardly.
@@ -190,8 +181,8 @@ def batch_point(profile: StepProfile, mix: LengthMix, batch: int, slos: Slos) ->
         time_in_batch_s=batch / rate,
         requests_per_s=rate,
         output_tokens_per_s=rate * mix.mean_output,
-        p99_ttft_s=_quantile99([k * step for k in prefill_steps]),
-        p99_e2e_s=_quantile99([s * step for s in slot_steps]),
+        p99_ttft_s=nearest_rank([k * step for k in prefill_steps]),
+        p99_e2e_s=nearest_rank([s * step for s in slot_steps]),
         attainment=met / n,
         token_load=(decodes + prefill) / profile.step_token_budget,
         kv_load=context / profile.kv_capacity_tokens,
@@ -289,3 +280,24 @@ def plan(profile: StepProfile, mix: LengthMix, slos: Slos, *, qps: float | None 
         qps=qps,
         replicas=None if qps is None else math.ceil(qps / best.requests_per_s),
     )
+
+
+def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
+    """B_mem as the operator settles it with `lengthEstimate: observedMean` (the default): the
+    KV pool over the trace's mean sequence length."""
+    clipped, _ = clip_to_model(list(requests), profile.max_model_len)
+    mean = sum(r.prompt_tokens + r.output_tokens for r in clipped) / max(len(clipped), 1)
+    return max(1, int(profile.kv_capacity_tokens // max(mean, 1.0)))
+
+
+def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slos) -> int:
+    """Every autoscaler starts with the fleet the planner sizes for the busiest minute of the
+    first five, as a service already running when the trace begins would be sized for the load
+    it has just seen (starting cold at one pod would charge each policy for a ramp the trace
+    never asked for)."""
+    first_minutes = [r for r in requests if r.arrival_s < 300.0]
+    if not first_minutes:
+        return 1
+    mix = LengthMix.of_requests(requests, profile.max_model_len)
+    per_replica = replica_capacity(profile, mix, profile.kv_blocks, slos)
+    return max(1, math.ceil(peak_rate(first_minutes, 60.0) / per_replica))

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from wok_contracts.traces import TraceRequest
     from wok_sim.plan import Plan
-    from wok_sim.traces import TraceRequest
 
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
 
@@ -41,10 +41,10 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wok_contracts.profile import load_profile
+    from wok_contracts.traces import load_trace
     from wok_sim.plan import LengthMix, arrival_rate, plan
-    from wok_sim.profile import load_profile
     from wok_sim.report import Slos
-    from wok_sim.traces import load_trace
 
     profile = load_profile(args.profile)
     slos = Slos(args.slo_ttft, args.slo_tpot, args.slo_e2e)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from wok_contracts.profile import StepProfile
+from wok_contracts.traces import TraceRequest
 from wok_sim.policy import Policy
-from wok_sim.profile import StepProfile
-from wok_sim.traces import TraceRequest
 
 SWEEP_BATCHES = (16, 32, 64, 128, 256)
 

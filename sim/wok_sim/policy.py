@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from wok_operator.loop import PodView
-from wok_operator.signals import ServiceSignals
+from wok_contracts.signals import PodView, ServiceSignals
 
 
 @dataclass(frozen=True)

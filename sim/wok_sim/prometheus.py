@@ -3,7 +3,7 @@
 Policies must see what they would see in a cluster, not the simulator's ground truth: gauges as of
 the last scrape (every `scrape_interval_s`, the PodMonitor's interval), counters through `rate()`
 over a window, latency percentiles through `histogram_quantile` over the runtime's own buckets
-(imported from `wok_runtime.metrics`, the metric contract), with rejected and timed-out requests
+(imported from `wok_contracts.metrics`, the metric contract), with rejected and timed-out requests
 added to the +Inf bucket of TTFT and E2E as the operator's query does. A pod whose scrape fails has
 no sample that round (Prometheus marks its series stale), so it drops out of the sums and of
 `reporting`.
@@ -26,14 +26,9 @@ from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from wok_operator.signals import (
-    HALF_BUDGET_QUANTILE,
-    SLO_QUANTILE,
-    Round,
-    ServiceKey,
-    ServiceSignals,
-)
-from wok_runtime.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from wok_contracts.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from wok_contracts.signals import ServiceSignals
+from wok_operator.signals import HALF_BUDGET_QUANTILE, SLO_QUANTILE, Round, ServiceKey
 from wok_sim.replica import RequestRecord, SimReplica
 
 SERVICE: ServiceKey = ("sim", "llm")

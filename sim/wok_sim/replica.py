@@ -40,8 +40,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from wok_sim.profile import StepProfile
-from wok_sim.traces import HASH_BLOCK_TOKENS, TraceRequest, clip_to_model
+from wok_contracts.profile import StepProfile
+from wok_contracts.traces import HASH_BLOCK_TOKENS, TraceRequest, clip_to_model
 
 Outcome = Literal["ok", "rejected", "timeout", "dropped"]
 Mode = Literal["continuous", "static"]
@@ -394,7 +394,7 @@ class SimReplica:
             return False  # the next step preempts: the exact path does it
         p = self.profile
         context = self._base_sum + n * self.steps  # Σ computed tokens now
-        alpha = p.a_s + p.b_s_per_seq * n + p.d_s_per_context_token * (context + n)
+        alpha = p.step_seconds(n, 0, context + n)  # the next step; each later one adds beta
         beta = p.d_s_per_context_token * n
         limit = t
         if self.waiting:

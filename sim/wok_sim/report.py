@@ -87,12 +87,41 @@ class PolicyResult:
         }
 
 
+def nearest_rank(values: Sequence[float], q: float = 0.99) -> float:
+    """The nearest-rank `q` quantile of non-empty `values`: a value that occurred, never an
+    interpolation between two."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def p99(values: Sequence[float]) -> float | None:
     """Nearest-rank 99th percentile; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return nearest_rank(values) if values else None
+
+
+def slo_hits(
+    slos: Slos, ttft_s: float | None, tpot_s: float | None, e2e_s: float | None
+) -> tuple[bool, bool, bool]:
+    """One request against the TTFT, TPOT and E2E SLOs. One that never had a first token or an
+    end meets none; one of a single output token has no TPOT to miss."""
+    if ttft_s is None or e2e_s is None:
+        return (False, False, False)
+    return (
+        ttft_s <= slos.ttft_s,
+        tpot_s is None or tpot_s <= slos.tpot_s,
+        slos.e2e_s is None or e2e_s <= slos.e2e_s,
+    )
+
+
+def attainment(
+    hits: Sequence[tuple[bool, bool, bool]], total: int
+) -> tuple[float, float, float, float]:
+    """The shares of `total` requests within TTFT, TPOT, E2E and all three. Every request counts
+    in `total`; those with no entry in `hits` (rejected, timed out) are misses."""
+    if not total:
+        return (1.0, 1.0, 1.0, 1.0)
+    counts = [sum(h[i] for h in hits) for i in range(3)] + [sum(all(h) for h in hits)]
+    return (counts[0] / total, counts[1] / total, counts[2] / total, counts[3] / total)
 
 
 def summarize(
@@ -103,14 +132,7 @@ def summarize(
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
     e2e = [r.e2e_s for r in ok]
-    hits = [0, 0, 0, 0]
-    for r in ok:
-        t1 = r.ttft_s is not None and r.ttft_s <= slos.ttft_s
-        t2 = r.tpot_s is None or r.tpot_s <= slos.tpot_s
-        t3 = slos.e2e_s is None or r.e2e_s <= slos.e2e_s
-        for i, hit in enumerate((t1, t2, t3, t1 and t2 and t3)):
-            hits[i] += hit
-    share = [h / total if total else 1.0 for h in hits]
+    share = attainment([slo_hits(slos, r.ttft_s, r.tpot_s, r.e2e_s) for r in ok], total)
     tokens = sum(r.output_tokens for r in ok)
     gpu_hours = run.gpu_seconds / 3600.0
     admitted = [r for r in run.records if r.first_scheduled_s is not None]

@@ -16,10 +16,11 @@ import pytest
 from promql_harness import running_prometheus
 from runtime_harness import RuntimeServer, start_server
 
+from wok_contracts.signals import PodView, ServiceSignals
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.control import LawParams
-from wok_operator.loop import PodView, control_tick, state_from_status
-from wok_operator.signals import ServiceSignals, fetch_round, round_queries
+from wok_operator.loop import control_tick, state_from_status
+from wok_operator.signals import fetch_round, round_queries
 
 pytestmark = pytest.mark.integration
 

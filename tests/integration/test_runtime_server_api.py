@@ -15,8 +15,8 @@ import openai
 import pytest
 from runtime_harness import ADMIN_TOKEN, RuntimeServer, start_server
 
+from wok_contracts.metrics import METRICS, series_names
 from wok_runtime.bench_http import poisson_specs, run_bench
-from wok_runtime.metrics import METRICS, series_names
 
 pytestmark = pytest.mark.integration
 

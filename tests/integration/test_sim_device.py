@@ -16,8 +16,8 @@ import httpx
 import pytest
 from runtime_harness import ADMIN_TOKEN, RuntimeServer, free_port
 
-from wok_runtime.metrics import REJECT_QUEUE_FULL, REJECT_QUEUE_TIMEOUT
-from wok_sim.profile import StepProfile, load_profile
+from wok_contracts.metrics import REJECT_QUEUE_FULL, REJECT_QUEUE_TIMEOUT
+from wok_contracts.profile import StepProfile, load_profile
 
 pytestmark = pytest.mark.integration
 

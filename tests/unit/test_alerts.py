@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.metrics import MetricWrapperBase
 from test_metric_contract import EXPORTED, named_series
 
+from wok_contracts.metrics import REJECT_QUEUE_FULL, MetricSpec, series_names
 from wok_operator import handlers, metrics
-from wok_runtime.metrics import REJECT_QUEUE_FULL, MetricSpec, series_names
 
 ROOT = Path(__file__).parents[2]
 RULES = ROOT / "charts/wok/files/alerts.yaml"

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from wok_contracts.signals import Observation, PodView, ServiceSignals
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.backlog import Backlog, backlog_need, compose
 from wok_operator.budget import plan_for_spec
-from wok_operator.control import LawParams, LoopState, Observation, decide
-from wok_operator.loop import (
-    PodView,
-    control_tick,
-    decision_status,
-    initial_state,
-    with_batch_lane,
-)
+from wok_operator.control import LawParams, LoopState, decide
+from wok_operator.loop import control_tick, decision_status, initial_state, with_batch_lane
 from wok_operator.resources import runtime_args
-from wok_operator.signals import ServiceSignals
 
 SPEC = InferenceServiceSpec.model_validate(
     {

@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from wok_contracts.profile import load_profile
+from wok_contracts.signals import PodView, ServiceSignals
+from wok_contracts.traces import Phase, TraceRequest, scripted
 from wok_operator.control import decide
-from wok_operator.loop import PodView
-from wok_operator.signals import ServiceSignals
 from wok_sim import baselines
 from wok_sim.baselines import (
     FleetSizing,
@@ -25,8 +26,6 @@ from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.plan import peak_rate
 from wok_sim.policies import PolicyContext, load_registry, resolve
 from wok_sim.policy import FleetView, PodSample
-from wok_sim.profile import load_profile
-from wok_sim.traces import Phase, TraceRequest, scripted
 from wok_sim.wok_policy import LawPolicy
 
 PROFILE = load_profile("sim:llama-3-8b-80g")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Iterator
 from importlib.metadata import version
 
 import pytest
 
 from wok.cli import build_parser, main
+from wok_operator import cli as operator_cli
 
 
 def commands(
@@ -98,3 +100,26 @@ def test_more_gpus_split_the_weights_and_leave_more_kv_cache(capsys):
 
     one, four = kv_cache_gib(1), kv_cache_gib(4)
     assert four > 4 * one
+
+
+def test_dev_operator_runs_the_operator_with_the_dev_clusters_flags(tmp_path, monkeypatch):
+    """`wok dev operator -- FLAGS` parses `wok operator run` with the cluster's Prometheus, the
+    backer's pod label and FLAGS last (the operator itself needs a cluster: a fake stands in)."""
+    kubeconfig = tmp_path / "admin.kubeconfig"
+    state = {"kubeconfig": str(kubeconfig), "prometheus": "http://127.0.0.1:9090"}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    monkeypatch.setenv("WOK_DEV_DIR", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", "")
+    seen: list[argparse.Namespace] = []
+
+    def fake_run_operator(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(operator_cli, "run_operator", fake_run_operator)
+    assert main(["dev", "operator", "-n", "team", "--", "--lease-duration=30"]) == 0
+    (args,) = seen
+    assert args.namespace == ["team"]
+    assert args.prometheus_url == "http://127.0.0.1:9090"
+    assert args.standalone and args.metrics_port == 0 and args.lease_duration == 30
+    assert os.environ["KUBECONFIG"] == str(kubeconfig)

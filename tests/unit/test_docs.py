@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from wok.cli import build_parser, main
+from wok_contracts.traces import DEFAULT_SCRIPT
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_sim.cli import POLICIES
 from wok_sim.columns import COLUMNS
-from wok_sim.traces import DEFAULT_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

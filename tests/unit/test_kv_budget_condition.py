@@ -1,6 +1,8 @@
 """The KV budget against the room a GPU pod measured: the round's queries, the worst
 pod's ratio in ServiceSignals, and the KVBudgetMatched condition of the record step."""
 
+from wok_contracts.profile import load_profile
+from wok_contracts.signals import ServiceSignals
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
@@ -9,12 +11,10 @@ from wok_operator.loop import control_tick, decision_status, with_kv_budget
 from wok_operator.signals import (
     KV_DEVICE_SELECTOR,
     Round,
-    ServiceSignals,
     farthest_from_one,
     kv_budget_queries,
     round_queries,
 )
-from wok_sim.profile import load_profile
 from wok_sim.prometheus import EmulatedPrometheus
 from wok_sim.replica import SimReplica
 

@@ -3,8 +3,8 @@ names it queries and the shapes of the built-in models it sizes."""
 
 import re
 
+from wok_contracts.metrics import METRICS, series_names
 from wok_operator import signals
-from wok_runtime.metrics import METRICS, series_names
 
 EXPORTED = {name for spec in METRICS.values() for name in series_names(spec)}
 

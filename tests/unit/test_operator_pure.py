@@ -7,19 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from wok_contracts.signals import Observation, PodView, ServiceSignals
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
-from wok_operator.control import LawParams, LoopState, Observation, decide
+from wok_operator.control import LawParams, LoopState, decide
 from wok_operator.leader import LeaseTimes
-from wok_operator.loop import (
-    PodView,
-    decision_status,
-    memory_status,
-    observe,
-    pod_view,
-    state_from_status,
-)
+from wok_operator.loop import decision_status, memory_status, observe, pod_view, state_from_status
 from wok_operator.resources import (
     BATCH_SIZE_KEY,
     desired_batching_configmap,
@@ -27,7 +21,7 @@ from wok_operator.resources import (
     desired_service,
     runtime_args,
 )
-from wok_operator.signals import Round, ServiceSignals, parse_vector, round_queries
+from wok_operator.signals import Round, parse_vector, round_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,11 +4,13 @@ valid profile of the real engine on builtin:tiny."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from wok import cli
+from wok_contracts.profile import StepProfile, load_profile
 from wok_runtime.profiler import (
     StepSample,
     StepShape,
@@ -19,7 +21,6 @@ from wok_runtime.profiler import (
     pick_clock,
     step_inputs,
 )
-from wok_sim.profile import StepProfile, load_profile
 
 TRUE = (4e-3, 2e-4, 5e-5, 3e-8)  # a, b, c, d: a small GPU-like step
 
@@ -187,3 +188,14 @@ def test_the_clock_is_cpu_time_only_where_one_thread_does_all_the_work() -> None
     assert pick_clock("auto", device_type="cuda", threads=1)[0] is time.perf_counter
     with pytest.raises(ValueError, match="--threads 1"):
         pick_clock("cpu", device_type="cpu", threads=4)
+
+
+def test_the_fit_predicts_what_the_profile_made_from_it_charges() -> None:
+    """One step-cost model: the profiler's residuals and the simulator's step times agree."""
+    fit = fit_step_costs(_synthetic(TRUE))
+    costs = ("a_s", "b_s_per_seq", "c_s_per_prefill_token", "d_s_per_context_token")
+    profile = replace(load_profile("sim:tiny-cpu"), **{k: getattr(fit, k) for k in costs})
+    for shape in ((0, 0, 0), (8, 0, 4096), (1, 512, 700), (32, 64, 65536)):
+        assert fit.step_seconds(*shape) == profile.step_seconds(*shape)
+    expected = TRUE[0] + TRUE[1] * 8 + TRUE[3] * 4096
+    assert profile.step_seconds(8, 0, 4096) == pytest.approx(expected, rel=1e-6)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from test_bench_engine import REQUIRED_KEYS
 
-from wok_runtime import metrics as m
+from wok_contracts import metrics as m
 from wok_runtime.bench_http import (
     RequestResult,
     check_loopback,
@@ -23,6 +23,7 @@ from wok_runtime.bench_http import (
 from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.engine import EngineStats, StepStats
 from wok_runtime.kv_memory import KvMemory
+from wok_runtime.metrics import RuntimeMetrics
 from wok_runtime.protocol import (
     BatchingUpdate,
     ChatCompletionRequest,
@@ -30,13 +31,8 @@ from wok_runtime.protocol import (
     lone_surrogate,
 )
 from wok_runtime.sequence import RequestMetrics
-from wok_runtime.server import (
-    APIError,
-    AuthFailureLog,
-    Server,
-    ServerConfig,
-    parse_priority_classes,
-)
+from wok_runtime.server import APIError, AuthFailureLog, Server
+from wok_runtime.server_config import ServerConfig, parse_priority_classes
 
 # --- metric names ----------------------------------------------------------------------------
 
@@ -117,7 +113,7 @@ def _samples(text: str) -> dict[str, float]:
 def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     stats = [_stats()]
     kv = KvMemory("cuda", budget_bytes=1000, measured_bytes=1200)
-    metrics = m.RuntimeMetrics("tiny", lambda: stats[0], priorities=(0, 1, 2), kv_memory=kv)
+    metrics = RuntimeMetrics("tiny", lambda: stats[0], priorities=(0, 1, 2), kv_memory=kv)
     metrics.observe_step(
         StepStats(
             batch_size=3,
@@ -192,7 +188,7 @@ def test_the_batch_lane_never_shows_in_the_vllm_series():
         batch_preemptions_total=9,
         batch_pending_tokens=1234,
     )
-    metrics = m.RuntimeMetrics("tiny", lambda: stats, priorities=(0, 1, 2))
+    metrics = RuntimeMetrics("tiny", lambda: stats, priorities=(0, 1, 2))
     timing = RequestMetrics(
         arrival_time=10.0,
         first_scheduled_time=10.5,
@@ -245,7 +241,7 @@ def _request(headers: dict[str, str]) -> Request:
 def test_the_lane_comes_from_the_body_or_the_lane_header_never_the_priority_header():
     engine = SimpleNamespace(vocab_size=10, stats=lambda: _stats())
     config = ServerConfig(served_model_name="m")
-    server = Server(engine, config, m.RuntimeMetrics("m", engine.stats))
+    server = Server(engine, config, RuntimeMetrics("m", engine.stats))
     assert server.route(_request({}), None) == ("online", 1)
     assert server.route(_request({}), "batch") == ("batch", 2)  # the class keeps its number
     assert server.route(_request({}), "online") == ("online", 1)
@@ -255,7 +251,7 @@ def test_the_lane_comes_from_the_body_or_the_lane_header_never_the_priority_head
     assert server.route(_request({"X-Wok-Priority": "batch"}), None) == ("online", 2)
     assert server.route(_request({"X-Wok-Priority": "0"}), "batch") == ("batch", 0)
     classes = ServerConfig(served_model_name="m", priority_classes={"high": 0, "low": 5})
-    server = Server(engine, classes, m.RuntimeMetrics("m", engine.stats))
+    server = Server(engine, classes, RuntimeMetrics("m", engine.stats))
     assert server.route(_request({}), "batch") == ("batch", 1)  # not a class: the default
     with pytest.raises(APIError, match="X-Wok-Lane: use online or batch") as caught:
         server.route(_request({"X-Wok-Lane": "offline"}), None)
@@ -544,5 +540,5 @@ def test_the_kv_budget_and_the_measured_room_differ_past_ten_percent():
     assert KvMemory("cuda", 1000, 1101).differs()
     assert KvMemory("cuda", 1000, 899).differs()
     # The simulated accelerator has no bytes: no KV byte gauges at all.
-    body = m.RuntimeMetrics("sim", _stats).render()[0].decode()
+    body = RuntimeMetrics("sim", _stats).render()[0].decode()
     assert m.KV_CACHE_BUDGET_BYTES not in body and m.KV_CACHE_MEASURED_BYTES not in body

@@ -13,9 +13,10 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wok_runtime import metrics as m
 from wok_runtime.builtin import ensure_builtin_tokenizer
-from wok_runtime.server import APIError, Server, ServerConfig
+from wok_runtime.metrics import RuntimeMetrics
+from wok_runtime.server import APIError, Server
+from wok_runtime.server_config import ServerConfig
 from wok_runtime.tokenizer import Tokenizer
 
 
@@ -73,7 +74,7 @@ def _server(tokenizer: Tokenizer, max_model_len: int) -> Server:
         max_model_len=max_model_len,
         stats=lambda: None,
     )
-    return Server(engine, ServerConfig(served_model_name="m"), m.RuntimeMetrics("m", engine.stats))
+    return Server(engine, ServerConfig(served_model_name="m"), RuntimeMetrics("m", engine.stats))
 
 
 def test_a_prompt_too_long_in_characters_is_refused_before_it_is_tokenized(tiny: Tokenizer):

@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
+from wok_contracts.profile import load_profile
+from wok_contracts.traces import TraceRequest, poisson
 from wok_operator import control, loop
 from wok_sim import wok_policy
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.policies import PolicyContext, load_registry
 from wok_sim.policy import Action, FleetView
-from wok_sim.profile import load_profile
-from wok_sim.report import Slos, summarize
-from wok_sim.traces import TraceRequest, poisson
+from wok_sim.report import Slos, attainment, nearest_rank, p99, slo_hits, summarize
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
 
@@ -159,3 +159,22 @@ def test_the_batch_ablations_pin_the_batch_and_keep_the_law_for_the_replicas():
     assert {t.batch for t in runs["wok-frozen-plan"].timeline} == {min(b_opt, c) for c in caps}
     assert runs["wok"].timeline[0].batch == 32  # the spec's initial batch, its own to move
     assert runs["wok-start-cap"].timeline[0].batch == runs["wok-frozen-cap"].timeline[0].batch
+
+
+def test_attainment_counts_every_request_and_misses_those_never_served():
+    slos = Slos(ttft_s=1.0, tpot_s=0.1, e2e_s=10.0)
+    assert slo_hits(slos, 0.5, None, 3.0) == (True, True, True)  # one token: no TPOT to miss
+    assert slo_hits(slos, 1.5, 0.05, 12.0) == (False, True, False)
+    assert slo_hits(slos, None, None, None) == (False, False, False)
+    assert slo_hits(Slos(ttft_s=1.0, tpot_s=0.1), 0.5, 0.2, 1e6) == (True, False, True)
+    hits = [(True, True, True), (True, False, True)]
+    assert attainment(hits, total=4) == (0.5, 0.25, 0.5, 0.25)  # 2 of 4 rejected
+    assert attainment([], total=0) == (1.0, 1.0, 1.0, 1.0)
+
+
+def test_the_p99_is_a_nearest_rank_value_that_occurred():
+    values = [float(v) for v in range(1, 201)]
+    assert nearest_rank(values) == 198.0  # ceil(0.99 · 200) = 198th
+    assert nearest_rank(values, 0.5) == 100.0
+    assert nearest_rank([3.0]) == 3.0
+    assert p99([]) is None and p99(values) == 198.0

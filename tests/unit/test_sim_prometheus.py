@@ -6,12 +6,12 @@ import math
 
 import pytest
 
+from wok_contracts.metrics import TTFT_BUCKETS
+from wok_contracts.profile import load_profile
+from wok_contracts.traces import TraceRequest
 from wok_operator.signals import round_queries
-from wok_runtime.metrics import TTFT_BUCKETS
-from wok_sim.profile import load_profile
 from wok_sim.prometheus import EmulatedPrometheus, histogram_quantile
 from wok_sim.replica import RequestRecord, SimReplica
-from wok_sim.traces import TraceRequest
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
 

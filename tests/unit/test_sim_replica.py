@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from wok_sim.profile import StepProfile, load_profile
+from wok_contracts.profile import StepProfile, load_profile
+from wok_contracts.traces import TraceRequest, clip_to_model, poisson
 from wok_sim.replica import SimReplica, run_single
-from wok_sim.traces import TraceRequest, clip_to_model, poisson
 
 
 def profile(**overrides: float) -> StepProfile:

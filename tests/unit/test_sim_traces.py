@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from wok_sim.traces import (
+from wok_contracts.traces import (
     OVERLAY_JITTER_S,
     TraceRequest,
     clip_to_model,

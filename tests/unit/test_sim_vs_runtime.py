@@ -10,14 +10,14 @@ import random
 
 import pytest
 
+from wok_contracts.profile import StepProfile
+from wok_contracts.traces import TraceRequest
 from wok_runtime.block_manager import BlockManager
 from wok_runtime.request_queue import RequestQueue
 from wok_runtime.sampling_params import SamplingParams
 from wok_runtime.scheduler import Scheduler
 from wok_runtime.sequence import Sequence
-from wok_sim.profile import StepProfile
 from wok_sim.replica import run_single
-from wok_sim.traces import TraceRequest
 
 # A small pod: 64 blocks of 16 tokens, so a burst of long prompts fills the pool.
 PROFILE = StepProfile(

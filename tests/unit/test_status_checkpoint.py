@@ -7,12 +7,12 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from wok_contracts.signals import PodView, ServiceSignals
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_operator.control import LawParams, LoopState
 from wok_operator.loop import (
     STATUS_HEARTBEAT_S,
-    PodView,
     control_tick,
     decision_status,
     memory_status,
@@ -21,7 +21,6 @@ from wok_operator.loop import (
     status_due,
     with_kv_budget,
 )
-from wok_operator.signals import ServiceSignals
 
 SPEC = InferenceServiceSpec.model_validate(
     {

@@ -1,6 +1,6 @@
 """Where the cluster's upstream binaries live, and building them (build.sh) when they are missing.
 
-The version directory comes from e2e/cluster/go/kubernetes/go.mod, the one place it is pinned.
+The version directory comes from cluster/go/kubernetes/go.mod, the one place it is pinned.
 kubectl is built at the control plane's release, so nothing depends on the kubectl a machine
 happens to have. Prometheus is built too: Debian's package (`make tools`, still the source of
 promtool) is compiled without Kubernetes service discovery, which the harness needs. So is KEDA

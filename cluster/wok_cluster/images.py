@@ -27,7 +27,7 @@ from pathlib import Path
 
 from wok_cluster.binaries import cache_dir
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "images"
 REGISTRY = "ghcr.io/wok-dev"
 BASE = "localhost/wok-base:bookworm"
@@ -38,9 +38,10 @@ SOURCES = (
     "pyproject.toml",
     "README.md",
     "wok",
+    "contracts/wok_contracts",
     "operator/wok_operator",
     "runtime/wok_runtime",
-    "e2e/cluster/wok_cluster",
+    "cluster/wok_cluster",
     "sim/wok_sim",
     "batch/wok_batch",
 )

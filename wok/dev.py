@@ -102,9 +102,9 @@ def _kubeconfig(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from wok.cli import main
     from wok_cluster.devenv import DevEnvironment, operator_argv
     from wok_cluster.netutil import free_port
+    from wok_operator import cli as operator_cli
 
     state = DevEnvironment().load()
     if state is None:
@@ -114,7 +114,12 @@ def _operator(args: argparse.Namespace) -> int:
     argv = operator_argv(state, namespace=args.namespace, liveness_port=free_port(), extra=extra)
     print(f"# KUBECONFIG={state['kubeconfig']} {shlex.join(['wok', *argv])}", file=sys.stderr)
     os.environ["KUBECONFIG"] = state["kubeconfig"]
-    return main(argv)
+    # `wok operator run` parsed by the operator's own parser (not wok.cli's, which imports this
+    # module): the same flags and defaults, and no import cycle.
+    parser = argparse.ArgumentParser(prog="wok")
+    operator_cli.register_operator(parser.add_subparsers(dest="command", required=True))
+    operator_args = parser.parse_args(argv)
+    return int(operator_args.func(operator_args) or 0)
 
 
 def _build(args: argparse.Namespace) -> int:

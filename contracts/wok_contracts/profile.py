@@ -24,8 +24,26 @@ ProfileKind = Literal["measured", "model"]
 BUILTIN_PREFIX = "sim:"
 
 
+class StepCosts:
+    """The one step-cost model, `a + b·decodes + c·prefill_tokens + d·context_tokens` seconds,
+    for any record with the four costs (a profile, the profiler's fit)."""
+
+    a_s: float
+    b_s_per_seq: float
+    c_s_per_prefill_token: float
+    d_s_per_context_token: float
+
+    def step_seconds(self, decodes: float, prefill_tokens: float, context_tokens: float) -> float:
+        return (
+            self.a_s
+            + self.b_s_per_seq * decodes
+            + self.c_s_per_prefill_token * prefill_tokens
+            + self.d_s_per_context_token * context_tokens
+        )
+
+
 @dataclass(frozen=True)
-class StepProfile:
+class StepProfile(StepCosts):
     name: str
     kind: ProfileKind
     device: str
@@ -48,14 +66,6 @@ class StepProfile:
         if self.step_token_budget < 1 or self.kv_capacity_tokens < self.block_size:
             raise ValueError(f"profile {self.name}: token budget and KV capacity must be positive")
 
-    def step_seconds(self, decodes: int, prefill_tokens: int, context_tokens: int) -> float:
-        return (
-            self.a_s
-            + self.b_s_per_seq * decodes
-            + self.c_s_per_prefill_token * prefill_tokens
-            + self.d_s_per_context_token * context_tokens
-        )
-
     @property
     def kv_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size
@@ -72,7 +82,7 @@ class StepProfile:
 
 
 def builtin_names() -> list[str]:
-    folder = resources.files("wok_sim") / "profiles"
+    folder = resources.files("wok_contracts") / "profiles"
     return sorted(
         BUILTIN_PREFIX + p.name.removesuffix(".json")
         for p in folder.iterdir()
@@ -85,7 +95,7 @@ def load_profile(ref: str | Path) -> StepProfile:
     text_ref = str(ref)
     if text_ref.startswith(BUILTIN_PREFIX):
         name = text_ref.removeprefix(BUILTIN_PREFIX)
-        resource = resources.files("wok_sim") / "profiles" / f"{name}.json"
+        resource = resources.files("wok_contracts") / "profiles" / f"{name}.json"
         if not resource.is_file():
             known = ", ".join(builtin_names())
             raise ValueError(f"unknown builtin profile {text_ref!r} (known: {known})")

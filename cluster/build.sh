@@ -3,12 +3,12 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), kubectl, etcd, kwok, helm,
 #   prometheus (Debian's package is built without Kubernetes service discovery), and KEDA's
 #   operator and metrics adapter (with the release's config/: CRDs, RBAC, into keda-config/).
-# Each tool is a tiny Go module under e2e/cluster/go/<name>/ whose committed go.mod and go.sum pin
+# Each tool is a tiny Go module under cluster/go/<name>/ whose committed go.mod and go.sum pin
 # every dependency, so a build is reproducible. Binaries land in ~/.cache/wok/bin/<k8s version>/.
 # A second run only hashes the modules and returns (seconds): a tool is rebuilt only when its
 # go.mod/go.sum changed or its binary is missing.
 #
-# Usage: e2e/cluster/build.sh [--print-bin-dir]    WOK_CACHE overrides ~/.cache/wok.
+# Usage: cluster/build.sh [--print-bin-dir]    WOK_CACHE overrides ~/.cache/wok.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
