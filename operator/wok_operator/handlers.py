@@ -26,12 +26,14 @@ from wok_operator.budget import MemoryBudget, plan_for_spec, sequence_length
 from wok_operator.control import Decision, LawParams, LoopState
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
+    STATUS_HEARTBEAT_S,
     PodView,
     TickResult,
     control_tick,
     decision_status,
     heartbeat_due,
     memory_status,
+    phase,
     pod_view,
     resume_state,
     state_from_status,
@@ -241,6 +243,9 @@ async def control_loop(
     wok = shared(memo)
     loop_memo = LoopMemo()
     try:
+        # Each service ticks at its own phase of the interval, not with every other at once.
+        interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
+        await stopped.wait(phase((namespace, name), interval))
         while not stopped:
             interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
             started = time.monotonic()
@@ -353,7 +358,10 @@ class ServiceTick:
             since_write_s=since_write,
         ):
             await asyncio.to_thread(self.wok.kube.patch_status, self.name, self.namespace, patch)
-            self.memo.last_digest, self.memo.last_write_at = digest, time.monotonic()
+            written_at = time.monotonic()
+            if last is None:  # the first heartbeat comes at the service's phase of the period
+                written_at -= phase(self.key, STATUS_HEARTBEAT_S / 2)
+            self.memo.last_digest, self.memo.last_write_at = digest, written_at
             metrics.STATUS_WRITES.inc()
         for knob, before, after in (
             ("batch", decision.batch_before, decision.batch),
