@@ -78,6 +78,7 @@ from wok_sim.prometheus import histogram_quantile  # noqa: E402
 
 ROOT = BENCH.parent
 RESULTS = ROOT / "bench" / "results"
+RECORDING_RULES = ROOT / "charts" / "wok" / "files" / "recording_rules.yaml"
 NAMESPACE = "opscale"
 TICK_HISTOGRAM = "wok_operator_control_loop_seconds"
 QUERY_HANDLER = "/api/v1/query"
@@ -322,11 +323,29 @@ def snapshot(
 
 def cpu_cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """Cores per component over the window (a process started inside it counts from 0)."""
-    wall = after.at - before.at
+    return component_cores(before.cpu, after.cpu, after.at - before.at)
+
+
+def component_cores(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall: float
+) -> dict[str, float]:
     used: dict[str, float] = defaultdict(float)
-    for pid, (name, cpu) in after.cpu.items():
-        used[name] += cpu - before.cpu.get(pid, (name, 0.0))[1]
+    for pid, (name, cpu) in after.items():
+        used[name] += cpu - before.get(pid, (name, 0.0))[1]
     return {name: round(cpu / wall, 4) for name, cpu in sorted(used.items())}
+
+
+async def quiet_window(operator: OperatorProcess, run_marker: str, seconds: float) -> dict:
+    """Every component's cores while the operator is stopped (SIGSTOP): Prometheus' CPU without
+    the operator's queries, its scrapes and rules alone; the difference to the measure window is
+    what the queries cost it in CPU, not in wall time as its own timings count."""
+    os.kill(operator.popen.pid, signal.SIGSTOP)
+    try:
+        started, before = time.monotonic(), cpu_by_pid(run_marker)
+        await asyncio.sleep(seconds)
+        return component_cores(before, cpu_by_pid(run_marker), time.monotonic() - started)
+    finally:
+        os.kill(operator.popen.pid, signal.SIGCONT)
 
 
 async def drive_and_measure(
@@ -378,6 +397,7 @@ async def drive_and_measure(
             await asyncio.sleep(min(5.0, left))
         after = await asyncio.to_thread(snapshot, operator, prometheus, run_marker, plane)
         load.append(os.getloadavg())
+        quiet = await quiet_window(operator, run_marker, args.quiet_s) if args.quiet_s else {}
         state_after = await asyncio.to_thread(active_services, api, args.pods)
         memory = memory_kib(operator.popen.pid)
     finally:
@@ -391,6 +411,7 @@ async def drive_and_measure(
         "after": after,
         "load": load,
         "memory": memory,
+        "quiet_cores": quiet,
         "active_at_start": sum(s["active"] for s in state.values()),
         "active_at_end": sum(s["active"] for s in state_after.values()),
         "p99_known_at_end": sum(s["p99_known"] for s in state_after.values()),
@@ -421,6 +442,44 @@ def series_over_window(prometheus: Prometheus, seconds: float) -> dict[str, Any]
         "max_waiting": max(waiting, default=None),
         "services_with_finished_gt0": sum(1 for v in finished if v > 0),
         "finished_total": round(sum(finished)),
+    }
+
+
+def query_log_summary(path: Path, since: float, until: float, top: int = 8) -> dict[str, Any]:
+    """Where Prometheus' query time went in the window, from its query log (one JSON line per
+    query, the rule groups' included): per query text, how many, their evaluation seconds (wall)
+    and the samples they read (the work, whatever the machine's load)."""
+    by_query: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for line in path.read_text().splitlines() if path.exists() else ():
+        entry = None
+        with contextlib.suppress(ValueError):  # a line Prometheus is still writing
+            entry = json.loads(line)
+        if not isinstance(entry, dict) or "ts" not in entry or "params" not in entry:
+            continue
+        at = dt.datetime.fromisoformat(entry["ts"].replace("Z", "+00:00")).timestamp()
+        if since <= at <= until:
+            source = "rule" if "ruleGroup" in entry else "api"
+            text = f"{source}: {entry['params'].get('query')}"
+            stats = entry.get("stats", {})
+            by_query[text][0] += 1
+            by_query[text][1] += stats.get("timings", {}).get("evalTotalTime", 0.0)
+            by_query[text][2] += stats.get("samples", {}).get("totalQueryableSamples", 0)
+
+    def summed(source: str, i: int) -> float:
+        return sum(v[i] for k, v in by_query.items() if k.startswith(source))
+
+    ranked = sorted(by_query.items(), key=lambda kv: -kv[1][2])
+    return {
+        "queries_api": int(summed("api", 0)),
+        "queries_rules": int(summed("rule", 0)),
+        "eval_s_api": round(summed("api", 1), 2),
+        "eval_s_rules": round(summed("rule", 1), 2),
+        "samples_api": int(summed("api", 2)),
+        "samples_rules": int(summed("rule", 2)),
+        "top_by_samples": [
+            {"query": k[:300], "count": v[0], "eval_s": round(v[1], 3), "samples": int(v[2])}
+            for k, v in ranked[:top]
+        ],
     }
 
 
@@ -515,6 +574,30 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         ),
         "promql_requests_per_s": round(http / wall, 2),
         "prometheus_query_engine_cores": round(engine_s / wall, 4),
+        "cpu_cores_operator_stopped": m["quiet_cores"],
+        "prometheus_query_cpu_cores": round(
+            cores.get("prometheus", 0.0) - m["quiet_cores"]["prometheus"], 4
+        )
+        if m["quiet_cores"]
+        else None,
+        # Wall time, not CPU: the operator's queries as Prometheus' HTTP handler timed them, and
+        # the recording rules' evaluations (both inside the engine's figure above).
+        "prometheus_query_api_cores": round(
+            (
+                total(pr_a, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER)
+                - total(pr_b, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER)
+            )
+            / wall,
+            4,
+        ),
+        "prometheus_rule_evaluation_cores": round(
+            (
+                total(pr_a, "prometheus_rule_group_duration_seconds_sum")
+                - total(pr_b, "prometheus_rule_group_duration_seconds_sum")
+            )
+            / wall,
+            4,
+        ),
         "pods_cpu_cores": cores.get("pods"),
         "bench_client_cpu_cores": round((after.self_cpu_s - before.self_cpu_s) / wall, 4),
         "machine_busy_cores": round((after.busy_s - before.busy_s) / wall, 3),
@@ -562,6 +645,12 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     plane = ControlPlane(run_dir, Binaries(bin_dir()))
     cluster = Cluster(plane, nodes=max(2, math.ceil(pods_total / 32)), gpus_per_node=32)
     prometheus = Prometheus(plane, run_dir / "prometheus", interval=args.scrape_interval)
+    query_log = run_dir / "prometheus" / "query.log"
+    prometheus.config["global"]["query_log_file"] = str(query_log)
+    if not args.no_recording_rules:  # as the chart installs them (recordingRules.enabled)
+        rules = run_dir / "prometheus" / "recording_rules.yaml"
+        shutil.copy(RECORDING_RULES, rules)
+        prometheus.config["rule_files"] = [str(rules)]
     operator: OperatorProcess | None = None
     print(f"run files in {run_dir}", file=sys.stderr, flush=True)
     try:
@@ -603,6 +692,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             )
             window = measured["after"].at - measured["before"].at
         out = figures(args, measured, pods_total)
+        window_end = time.time() - (time.monotonic() - measured["after"].at)
+        out["query_log"] = query_log_summary(query_log, window_end - window, window_end)
         out["series_in_window"] = series_over_window(prometheus, window)
         out["pods_ready_s"] = round(pods_ready_s, 1)
         out["operator_restarts"] = 0 if operator.alive() else 1
@@ -624,7 +715,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "wall_s": round(time.monotonic() - started, 1),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep", "note")},
         "profile": PROFILE,
-        "prometheus_scrape_interval": SCRAPE_INTERVAL,
+        "prometheus_scrape_interval": args.scrape_interval,
+        "recording_rules": not args.no_recording_rules,
         "notes": args.note,
         **out,
     }
@@ -772,8 +864,41 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         row("tick P99", lambda r: ms(r["tick_p99_s"])),
         row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
         row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
+        row("Prometheus recording rules", lambda r: "yes" if r.get("recording_rules") else "no"),
         row("Prometheus query engine", lambda r: f"{r['prometheus_query_engine_cores']:.4f} cores"),
+        row(
+            "of which the operator's queries (HTTP)",
+            lambda r: (
+                f"{r['prometheus_query_api_cores']:.4f} cores"
+                if "prometheus_query_api_cores" in r
+                else "–"
+            ),
+        ),
+        row(
+            "of which rule evaluation",
+            lambda r: (
+                f"{r['prometheus_rule_evaluation_cores']:.4f} cores"
+                if "prometheus_rule_evaluation_cores" in r
+                else "–"
+            ),
+        ),
         row("Prometheus process CPU (scrapes too)", lambda r: f"{cores(r, 'prometheus')} cores"),
+        row(
+            "Prometheus CPU, operator stopped",
+            lambda r: (
+                f"{r['cpu_cores_operator_stopped']['prometheus']:.3f} cores"
+                if r.get("cpu_cores_operator_stopped")
+                else "–"
+            ),
+        ),
+        row(
+            "Prometheus query CPU (the difference)",
+            lambda r: (
+                f"{r['prometheus_query_cpu_cores']:.3f} cores"
+                if r.get("prometheus_query_cpu_cores") is not None
+                else "–"
+            ),
+        ),
         row(
             "status writes per service per minute",
             lambda r: f"{r['status_writes_per_service_per_min']:.3f}",
@@ -824,6 +949,18 @@ def main(argv: list[str] | None = None) -> int:
         "(bench/emulated_pod_metrics.py), not runtime processes",
     )
     p.add_argument("--scrape-interval", default=SCRAPE_INTERVAL, help="Prometheus' (e.g. 15s)")
+    p.add_argument(
+        "--quiet-s",
+        type=float,
+        default=60.0,
+        help="after the window, this long with the operator stopped: Prometheus' CPU without its "
+        "queries (0: none)",
+    )
+    p.add_argument(
+        "--no-recording-rules",
+        action="store_true",
+        help="Prometheus without the chart's recording rules (the round reads raw PromQL)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run's files (logs)")
     p.add_argument("--render", action="store_true", help="only rewrite .md from .json (+ notes)")
     p.add_argument(
