@@ -454,9 +454,11 @@ def query_log_summary(path: Path, since: float, until: float, top: int = 8) -> d
         entry = None
         with contextlib.suppress(ValueError):  # a line Prometheus is still writing
             entry = json.loads(line)
-        if not isinstance(entry, dict) or "ts" not in entry or "params" not in entry:
+        # Prometheus 2 names the time `ts`, Prometheus 3 (slog) `time`.
+        stamp = entry.get("ts") or entry.get("time") if isinstance(entry, dict) else None
+        if not stamp or "params" not in entry:
             continue
-        at = dt.datetime.fromisoformat(entry["ts"].replace("Z", "+00:00")).timestamp()
+        at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
         if since <= at <= until:
             source = "rule" if "ruleGroup" in entry else "api"
             text = f"{source}: {entry['params'].get('query')}"
@@ -923,6 +925,28 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         *[f"    {r['command']}" for r in results],
         "",
     ]
+
+    def cell(query: str) -> str:  # a table cell: a regex's `|` would end it
+        return query[:120].replace("|", "\\|")
+
+    for r in results:
+        top = (r.get("query_log") or {}).get("top_by_samples") or []
+        if top:
+            lines += [
+                f"Prometheus' query log at {r['services']} services, the window's queries by "
+                "samples read (the work; seconds are wall time on the loaded machine):",
+                "",
+                "| query | count | samples | seconds |",
+                "|---|---|---|---|",
+                *[
+                    f"| `{cell(q['query'])}` | {q['count']} | {q['samples']} | {q['eval_s']} |"
+                    for q in top
+                ],
+                "",
+            ]
+    notes = [note for r in results for note in r.get("notes") or []]
+    if notes:
+        lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
     return "\n".join(lines)
 
 

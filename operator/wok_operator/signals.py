@@ -90,8 +90,11 @@ SLO_HISTOGRAMS = {"": (E2E_LATENCY, True), "_ttft": (TTFT, True), "_tpot": (TPOT
 RECORDED_WINDOWS = {3600: "1h"}
 #: How often the recording rules run: a recorded quantile is at most this old.
 RECORDING_INTERVAL = "30s"
-#: How long the hub trusts its finding that the recorded series exist (or do not).
+#: How long the hub trusts its finding that the recorded series exist; that they do not, only
+#: one rule interval: an operator that starts with its Prometheus finds no recorded series until
+#: the rules' first evaluations, and would read the hour-long windows raw for minutes.
 RECORDED_CHECK_S = 300.0
+MISSING_RECHECK_S = 30.0
 
 
 def _metric_id(histogram: str) -> str:
@@ -466,9 +469,11 @@ class SignalsHub:
 
     async def _recorded(self, url: str) -> bool:
         """Whether the rounds at `url` read the recorded series: checked every
-        `RECORDED_CHECK_S`, so rules installed (or removed) later are picked up."""
+        `RECORDED_CHECK_S` (`MISSING_RECHECK_S` while they are missing), so rules installed (or
+        removed) later are picked up."""
         found = self.recorded.get(url)
-        if found is None or time.monotonic() - found[1] >= RECORDED_CHECK_S:
+        recheck_s = RECORDED_CHECK_S if found is not None and found[0] else MISSING_RECHECK_S
+        if found is None or time.monotonic() - found[1] >= recheck_s:
             found = (await asyncio.to_thread(fetch_recorded, url), time.monotonic())
             PROMQL_REQUESTS.inc()
             self.recorded[url] = found

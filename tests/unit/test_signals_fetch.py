@@ -13,7 +13,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from wok_operator.signals import IDLE_INTERVALS, QUERY_POOL, SignalsHub, fetch_round, round_queries
+from wok_operator.signals import (
+    IDLE_INTERVALS,
+    MISSING_RECHECK_S,
+    QUERY_POOL,
+    RECORDED_CHECK_S,
+    SignalsHub,
+    fetch_round,
+    round_queries,
+)
 
 
 def test_a_prometheus_that_accepts_but_never_answers_fails_the_round_within_its_timeout():
@@ -145,3 +153,15 @@ async def test_a_new_window_waits_for_a_round_that_reads_it_and_idle_rounds_stop
     answered = server.answered
     await asyncio.sleep(0.3)
     assert server.answered == answered
+
+
+async def test_a_prometheus_whose_recorded_series_were_missing_is_probed_again_soon(
+    counting_prometheus,
+):
+    _, url = counting_prometheus
+    # A minute ago its rules had not evaluated yet (the operator started with it); now they have.
+    hub = SignalsHub(recorded={url: (False, time.monotonic() - MISSING_RECHECK_S - 1.0)})
+    rnd = await hub.get(url, ("ns", "s"), window=60, budget_window=3600, max_age_s=5.0)
+    await hub.close()
+    assert hub.recorded[url][0] is True and rnd.error is None
+    assert hub.recorded[url][1] > time.monotonic() - RECORDED_CHECK_S  # trusted for longer
