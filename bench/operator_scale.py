@@ -81,6 +81,7 @@ RESULTS = ROOT / "bench" / "results"
 RECORDING_RULES = ROOT / "charts" / "wok" / "files" / "recording_rules.yaml"
 NAMESPACE = "opscale"
 TICK_HISTOGRAM = "wok_operator_control_loop_seconds"
+KUBE_CALLS = "wok_operator_kube_call_seconds"
 QUERY_HANDLER = "/api/v1/query"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # which component a process of the run is, by its command line (first match)
@@ -527,6 +528,20 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         if name == "apiserver_request_total" and fields.get("verb") not in ("GET", "LIST", "WATCH"):
             key = f"{fields.get('verb')} {fields.get('resource')}/{fields.get('subresource', '')}"
             by_resource[key] += value - ap_b.get((name, labels), 0.0)
+    kube_calls = {}
+    calls = {dict(labels)["call"] for (n, labels) in op_a if n == f"{KUBE_CALLS}_count"}
+    for call in sorted(calls):
+        now = {
+            float(dict(labels)["le"]): v - op_b.get((n, labels), 0.0)
+            for (n, labels), v in op_a.items()
+            if n == f"{KUBE_CALLS}_bucket" and dict(labels)["call"] == call
+        }
+        count = now.get(math.inf, 0.0)
+        kube_calls[call] = {
+            "per_s": round(count / wall, 3),
+            "p50_s": tick_quantile(0.5, now),
+            "p99_s": tick_quantile(0.99, now),
+        }
     engine_s = total(pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     engine_s -= total(pr_b, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     status_writes = total(op_a, "wok_operator_status_writes_total") - total(
@@ -552,6 +567,7 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "tick_p50_s": tick_quantile(0.5, delta),
         "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
+        "kube_calls": kube_calls,
         "tick_buckets_window": {
             ("+Inf" if math.isinf(k) else f"{k:g}"): v for k, v in sorted(delta.items())
         },
@@ -864,6 +880,16 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         ),
         row("tick P50", lambda r: ms(r["tick_p50_s"])),
         row("tick P99", lambda r: ms(r["tick_p99_s"])),
+        row(
+            "a tick's API calls: per s, P50 / P99 by call",
+            lambda r: (
+                "<br>".join(
+                    f"{call} {c['per_s']:.2f}/s, {ms(c['p50_s'])} / {ms(c['p99_s'])}"
+                    for call, c in (r.get("kube_calls") or {}).items()
+                )
+                or "–"
+            ),
+        ),
         row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
         row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
         row("Prometheus recording rules", lambda r: "yes" if r.get("recording_rules") else "no"),

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import replace
 from types import SimpleNamespace
 
+from prometheus_client import REGISTRY
+
 from wok_operator import handlers
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
@@ -169,3 +171,20 @@ async def test_a_control_loop_first_waits_its_services_phase():
         runtime_pods={},
     )
     assert stopped.waits == [phase(("team-a", "chat"), 7.0)]
+
+
+async def test_a_ticks_kubernetes_calls_are_timed_by_call():
+    def patch_status(name: str, namespace: str) -> str:
+        return f"{namespace}/{name}"
+
+    def count() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "wok_operator_kube_call_seconds_count", {"call": "patch_status"}
+            )
+            or 0.0
+        )
+
+    before = count()
+    assert await handlers.kube_call(patch_status, "chat", "team-a") == "team-a/chat"
+    assert count() == before + 1
