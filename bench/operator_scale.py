@@ -846,7 +846,7 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
 
 def scale_table(results: list[dict[str, Any]]) -> str:
     """bench/results/operator_scale.md: emulated runs side by side, by the number of services."""
-    results = sorted(results, key=lambda r: r["services"])
+    results = sorted(results, key=lambda r: (r["services"], r.get("label") is None))
 
     def row(label: str, cell: Any) -> str:
         return f"| {label} | " + " | ".join(cell(r) for r in results) + " |"
@@ -865,7 +865,7 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         "--standalone`) runs its usual round. Figures over the measure window, after every "
         "service reads its signals (`--measure-s`).",
         "",
-        "| | " + " | ".join(f"{r['services']} services" for r in results) + " |",
+        "| | " + " | ".join(r.get("label") or f"{r['services']} services" for r in results) + " |",
         "|---|" + "---|" * len(results),
         row("control interval", lambda r: f"{r['interval_s']} s"),
         row("measured", lambda r: f"{r['measured_s']:.0f} s"),
@@ -893,19 +893,22 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
         row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
         row("Prometheus recording rules", lambda r: "yes" if r.get("recording_rules") else "no"),
-        row("Prometheus query engine", lambda r: f"{r['prometheus_query_engine_cores']:.4f} cores"),
         row(
-            "of which the operator's queries (HTTP)",
+            "Prometheus query engine, wall s/s",
+            lambda r: f"{r['prometheus_query_engine_cores']:.4f}",
+        ),
+        row(
+            "of which the operator's queries (HTTP), wall s/s",
             lambda r: (
-                f"{r['prometheus_query_api_cores']:.4f} cores"
+                f"{r['prometheus_query_api_cores']:.4f}"
                 if "prometheus_query_api_cores" in r
                 else "–"
             ),
         ),
         row(
-            "of which rule evaluation",
+            "of which rule evaluation, wall s/s",
             lambda r: (
-                f"{r['prometheus_rule_evaluation_cores']:.4f} cores"
+                f"{r['prometheus_rule_evaluation_cores']:.4f}"
                 if "prometheus_rule_evaluation_cores" in r
                 else "–"
             ),
