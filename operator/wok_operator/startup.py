@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -14,21 +12,13 @@ from kubernetes import client, config
 from wok_operator.actuate import Kube
 from wok_operator.handlers import OperatorConfig, Shared
 
-#: Threads for the blocking Kubernetes calls (`asyncio.to_thread`), and the client's connections
-#: to match: the loop's default (CPU count + 4: six on two cores) queued a thousand services'
-#: status writes and heartbeat reads behind each other, and the round's fetch took one of them.
-#: The calls wait on the apiserver, not on the CPU.
-KUBE_THREADS = 32
-
 
 def load_kube_config() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = KUBE_THREADS
-    return client.ApiClient(configuration)
+    return client.ApiClient()
 
 
 @kopf.on.startup()
@@ -46,9 +36,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 30
     settings.batching.error_delays = [1, 2, 5, 10, 30]
     settings.execution.max_workers = 16
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=KUBE_THREADS, thread_name_prefix="wok-kube")
-    )
     operator_config: OperatorConfig = memo.get("config") or OperatorConfig()
     memo.wok = Shared(
         kube=Kube.from_api_client(load_kube_config()),
