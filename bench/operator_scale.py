@@ -79,8 +79,10 @@ from wok_sim.prometheus import histogram_quantile  # noqa: E402
 
 ROOT = BENCH.parent
 RESULTS = ROOT / "bench" / "results"
+RECORDING_RULES = ROOT / "charts" / "wok" / "files" / "recording_rules.yaml"
 NAMESPACE = "opscale"
 TICK_HISTOGRAM = "wok_operator_control_loop_seconds"
+KUBE_CALLS = "wok_operator_kube_call_seconds"
 QUERY_HANDLER = "/api/v1/query"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # which component a process of the run is, by its command line (first match)
@@ -323,11 +325,29 @@ def snapshot(
 
 def cpu_cores(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """Cores per component over the window (a process started inside it counts from 0)."""
-    wall = after.at - before.at
+    return component_cores(before.cpu, after.cpu, after.at - before.at)
+
+
+def component_cores(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall: float
+) -> dict[str, float]:
     used: dict[str, float] = defaultdict(float)
-    for pid, (name, cpu) in after.cpu.items():
-        used[name] += cpu - before.cpu.get(pid, (name, 0.0))[1]
+    for pid, (name, cpu) in after.items():
+        used[name] += cpu - before.get(pid, (name, 0.0))[1]
     return {name: round(cpu / wall, 4) for name, cpu in sorted(used.items())}
+
+
+async def quiet_window(operator: OperatorProcess, run_marker: str, seconds: float) -> dict:
+    """Every component's cores while the operator is stopped (SIGSTOP): Prometheus' CPU without
+    the operator's queries, its scrapes and rules alone; the difference to the measure window is
+    what the queries cost it in CPU, not in wall time as its own timings count."""
+    os.kill(operator.popen.pid, signal.SIGSTOP)
+    try:
+        started, before = time.monotonic(), cpu_by_pid(run_marker)
+        await asyncio.sleep(seconds)
+        return component_cores(before, cpu_by_pid(run_marker), time.monotonic() - started)
+    finally:
+        os.kill(operator.popen.pid, signal.SIGCONT)
 
 
 async def drive_and_measure(
@@ -379,6 +399,7 @@ async def drive_and_measure(
             await asyncio.sleep(min(5.0, left))
         after = await asyncio.to_thread(snapshot, operator, prometheus, run_marker, plane)
         load.append(os.getloadavg())
+        quiet = await quiet_window(operator, run_marker, args.quiet_s) if args.quiet_s else {}
         state_after = await asyncio.to_thread(active_services, api, args.pods)
         memory = memory_kib(operator.popen.pid)
     finally:
@@ -392,6 +413,7 @@ async def drive_and_measure(
         "after": after,
         "load": load,
         "memory": memory,
+        "quiet_cores": quiet,
         "active_at_start": sum(s["active"] for s in state.values()),
         "active_at_end": sum(s["active"] for s in state_after.values()),
         "p99_known_at_end": sum(s["p99_known"] for s in state_after.values()),
@@ -422,6 +444,46 @@ def series_over_window(prometheus: Prometheus, seconds: float) -> dict[str, Any]
         "max_waiting": max(waiting, default=None),
         "services_with_finished_gt0": sum(1 for v in finished if v > 0),
         "finished_total": round(sum(finished)),
+    }
+
+
+def query_log_summary(path: Path, since: float, until: float, top: int = 8) -> dict[str, Any]:
+    """Where Prometheus' query time went in the window, from its query log (one JSON line per
+    query, the rule groups' included): per query text, how many, their evaluation seconds (wall)
+    and the samples they read (the work, whatever the machine's load)."""
+    by_query: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for line in path.read_text().splitlines() if path.exists() else ():
+        entry = None
+        with contextlib.suppress(ValueError):  # a line Prometheus is still writing
+            entry = json.loads(line)
+        # Prometheus 2 names the time `ts`, Prometheus 3 (slog) `time`.
+        stamp = entry.get("ts") or entry.get("time") if isinstance(entry, dict) else None
+        if not stamp or "params" not in entry:
+            continue
+        at = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        if since <= at <= until:
+            source = "rule" if "ruleGroup" in entry else "api"
+            text = f"{source}: {entry['params'].get('query')}"
+            stats = entry.get("stats", {})
+            by_query[text][0] += 1
+            by_query[text][1] += stats.get("timings", {}).get("evalTotalTime", 0.0)
+            by_query[text][2] += stats.get("samples", {}).get("totalQueryableSamples", 0)
+
+    def summed(source: str, i: int) -> float:
+        return sum(v[i] for k, v in by_query.items() if k.startswith(source))
+
+    ranked = sorted(by_query.items(), key=lambda kv: -kv[1][2])
+    return {
+        "queries_api": int(summed("api", 0)),
+        "queries_rules": int(summed("rule", 0)),
+        "eval_s_api": round(summed("api", 1), 2),
+        "eval_s_rules": round(summed("rule", 1), 2),
+        "samples_api": int(summed("api", 2)),
+        "samples_rules": int(summed("rule", 2)),
+        "top_by_samples": [
+            {"query": k[:300], "count": v[0], "eval_s": round(v[1], 3), "samples": int(v[2])}
+            for k, v in ranked[:top]
+        ],
     }
 
 
@@ -467,6 +529,20 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         if name == "apiserver_request_total" and fields.get("verb") not in ("GET", "LIST", "WATCH"):
             key = f"{fields.get('verb')} {fields.get('resource')}/{fields.get('subresource', '')}"
             by_resource[key] += value - ap_b.get((name, labels), 0.0)
+    kube_calls = {}
+    calls = {dict(labels)["call"] for (n, labels) in op_a if n == f"{KUBE_CALLS}_count"}
+    for call in sorted(calls):
+        now = {
+            float(dict(labels)["le"]): v - op_b.get((n, labels), 0.0)
+            for (n, labels), v in op_a.items()
+            if n == f"{KUBE_CALLS}_bucket" and dict(labels)["call"] == call
+        }
+        count = now.get(math.inf, 0.0)
+        kube_calls[call] = {
+            "per_s": round(count / wall, 3),
+            "p50_s": tick_quantile(0.5, now),
+            "p99_s": tick_quantile(0.99, now),
+        }
     engine_s = total(pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     engine_s -= total(pr_b, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     status_writes = total(op_a, "wok_operator_status_writes_total") - total(
@@ -492,6 +568,7 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "tick_p50_s": tick_quantile(0.5, delta),
         "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
+        "kube_calls": kube_calls,
         "tick_buckets_window": {
             ("+Inf" if math.isinf(k) else f"{k:g}"): v for k, v in sorted(delta.items())
         },
@@ -516,6 +593,30 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         ),
         "promql_requests_per_s": round(http / wall, 2),
         "prometheus_query_engine_cores": round(engine_s / wall, 4),
+        "cpu_cores_operator_stopped": m["quiet_cores"],
+        "prometheus_query_cpu_cores": round(
+            cores.get("prometheus", 0.0) - m["quiet_cores"]["prometheus"], 4
+        )
+        if m["quiet_cores"]
+        else None,
+        # Wall time, not CPU: the operator's queries as Prometheus' HTTP handler timed them, and
+        # the recording rules' evaluations (both inside the engine's figure above).
+        "prometheus_query_api_cores": round(
+            (
+                total(pr_a, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER)
+                - total(pr_b, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER)
+            )
+            / wall,
+            4,
+        ),
+        "prometheus_rule_evaluation_cores": round(
+            (
+                total(pr_a, "prometheus_rule_group_duration_seconds_sum")
+                - total(pr_b, "prometheus_rule_group_duration_seconds_sum")
+            )
+            / wall,
+            4,
+        ),
         "pods_cpu_cores": cores.get("pods"),
         "bench_client_cpu_cores": round((after.self_cpu_s - before.self_cpu_s) / wall, 4),
         "machine_busy_cores": round((after.busy_s - before.busy_s) / wall, 3),
@@ -563,6 +664,12 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     plane = ControlPlane(run_dir, Binaries(bin_dir()))
     cluster = Cluster(plane, nodes=max(2, math.ceil(pods_total / 32)), gpus_per_node=32)
     prometheus = Prometheus(plane, run_dir / "prometheus", interval=args.scrape_interval)
+    query_log = run_dir / "prometheus" / "query.log"
+    prometheus.config["global"]["query_log_file"] = str(query_log)
+    if not args.no_recording_rules:  # as the chart installs them (recordingRules.enabled)
+        rules = run_dir / "prometheus" / "recording_rules.yaml"
+        shutil.copy(RECORDING_RULES, rules)
+        prometheus.config["rule_files"] = [str(rules)]
     operator: OperatorProcess | None = None
     print(f"run files in {run_dir}", file=sys.stderr, flush=True)
     try:
@@ -604,6 +711,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             )
             window = measured["after"].at - measured["before"].at
         out = figures(args, measured, pods_total)
+        window_end = time.time() - (time.monotonic() - measured["after"].at)
+        out["query_log"] = query_log_summary(query_log, window_end - window, window_end)
         out["series_in_window"] = series_over_window(prometheus, window)
         out["pods_ready_s"] = round(pods_ready_s, 1)
         out["operator_restarts"] = 0 if operator.alive() else 1
@@ -625,7 +734,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "wall_s": round(time.monotonic() - started, 1),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep", "note")},
         "profile": PROFILE,
-        "prometheus_scrape_interval": SCRAPE_INTERVAL,
+        "prometheus_scrape_interval": args.scrape_interval,
+        "recording_rules": not args.no_recording_rules,
         "notes": args.note,
         **out,
     }
@@ -737,7 +847,7 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
 
 def scale_table(results: list[dict[str, Any]]) -> str:
     """bench/results/operator_scale.md: emulated runs side by side, by the number of services."""
-    results = sorted(results, key=lambda r: r["services"])
+    results = sorted(results, key=lambda r: (r["services"], r.get("label") is None))
 
     def row(label: str, cell: Any) -> str:
         return f"| {label} | " + " | ".join(cell(r) for r in results) + " |"
@@ -756,7 +866,7 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         "--standalone`) runs its usual round. Figures over the measure window, after every "
         "service reads its signals (`--measure-s`).",
         "",
-        "| | " + " | ".join(f"{r['services']} services" for r in results) + " |",
+        "| | " + " | ".join(r.get("label") or f"{r['services']} services" for r in results) + " |",
         "|---|" + "---|" * len(results),
         row("control interval", lambda r: f"{r['interval_s']} s"),
         row("measured", lambda r: f"{r['measured_s']:.0f} s"),
@@ -771,10 +881,56 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         ),
         row("tick P50", lambda r: ms(r["tick_p50_s"])),
         row("tick P99", lambda r: ms(r["tick_p99_s"])),
+        row(
+            "a tick's API calls: per s, P50 / P99 by call",
+            lambda r: (
+                "<br>".join(
+                    f"{call} {c['per_s']:.2f}/s, {ms(c['p50_s'])} / {ms(c['p99_s'])}"
+                    for call, c in (r.get("kube_calls") or {}).items()
+                )
+                or "–"
+            ),
+        ),
         row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
         row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
-        row("Prometheus query engine", lambda r: f"{r['prometheus_query_engine_cores']:.4f} cores"),
+        row("Prometheus recording rules", lambda r: "yes" if r.get("recording_rules") else "no"),
+        row(
+            "Prometheus query engine, wall s/s",
+            lambda r: f"{r['prometheus_query_engine_cores']:.4f}",
+        ),
+        row(
+            "of which the operator's queries (HTTP), wall s/s",
+            lambda r: (
+                f"{r['prometheus_query_api_cores']:.4f}"
+                if "prometheus_query_api_cores" in r
+                else "–"
+            ),
+        ),
+        row(
+            "of which rule evaluation, wall s/s",
+            lambda r: (
+                f"{r['prometheus_rule_evaluation_cores']:.4f}"
+                if "prometheus_rule_evaluation_cores" in r
+                else "–"
+            ),
+        ),
         row("Prometheus process CPU (scrapes too)", lambda r: f"{cores(r, 'prometheus')} cores"),
+        row(
+            "Prometheus CPU, operator stopped",
+            lambda r: (
+                f"{r['cpu_cores_operator_stopped']['prometheus']:.3f} cores"
+                if r.get("cpu_cores_operator_stopped")
+                else "–"
+            ),
+        ),
+        row(
+            "Prometheus query CPU (the difference)",
+            lambda r: (
+                f"{r['prometheus_query_cpu_cores']:.3f} cores"
+                if r.get("prometheus_query_cpu_cores") is not None
+                else "–"
+            ),
+        ),
         row(
             "status writes per service per minute",
             lambda r: f"{r['status_writes_per_service_per_min']:.3f}",
@@ -799,6 +955,28 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         *[f"    {r['command']}" for r in results],
         "",
     ]
+
+    def cell(query: str) -> str:  # a table cell: a regex's `|` would end it
+        return query[:120].replace("|", "\\|")
+
+    for r in results:
+        top = (r.get("query_log") or {}).get("top_by_samples") or []
+        if top:
+            lines += [
+                f"Prometheus' query log at {r['services']} services, the window's queries by "
+                "samples read (the work; seconds are wall time on the loaded machine):",
+                "",
+                "| query | count | samples | seconds |",
+                "|---|---|---|---|",
+                *[
+                    f"| `{cell(q['query'])}` | {q['count']} | {q['samples']} | {q['eval_s']} |"
+                    for q in top
+                ],
+                "",
+            ]
+    notes = [note for r in results for note in r.get("notes") or []]
+    if notes:
+        lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
     return "\n".join(lines)
 
 
@@ -825,6 +1003,18 @@ def main(argv: list[str] | None = None) -> int:
         "(bench/emulated_pod_metrics.py), not runtime processes",
     )
     p.add_argument("--scrape-interval", default=SCRAPE_INTERVAL, help="Prometheus' (e.g. 15s)")
+    p.add_argument(
+        "--quiet-s",
+        type=float,
+        default=60.0,
+        help="after the window, this long with the operator stopped: Prometheus' CPU without its "
+        "queries (0: none)",
+    )
+    p.add_argument(
+        "--no-recording-rules",
+        action="store_true",
+        help="Prometheus without the chart's recording rules (the round reads raw PromQL)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run's files (logs)")
     p.add_argument("--render", action="store_true", help="only rewrite .md from .json (+ notes)")
     p.add_argument(

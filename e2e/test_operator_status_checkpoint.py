@@ -16,6 +16,7 @@ from operator_harness import install_crds, kubectl, stored_deployment
 from wok_contracts.signals import PodView
 from wok_operator.actuate import Kube
 from wok_operator.handlers import LoopMemo, OperatorConfig, ServiceTick, Shared
+from wok_operator.loop import STATUS_HEARTBEAT_S, phase
 from wok_operator.signals import Round, SignalsHub
 
 pytestmark = pytest.mark.e2e
@@ -97,3 +98,6 @@ def test_a_steady_services_ticks_write_status_once(steady_service):
     written = yaml.safe_load(kubectl(kc, "get", "wis", NAME, "-n", ns, "-o=yaml"))["status"]
     assert written["lastDecision"]["inputs"], "the first tick wrote its decision"
     assert written["batchSize"] == memo.state.batch
+    # The first heartbeat comes at the service's own phase of the period, not with every other.
+    assert memo.last_write_at is not None
+    assert time.monotonic() - memo.last_write_at >= phase((ns, NAME), STATUS_HEARTBEAT_S / 2)

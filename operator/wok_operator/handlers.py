@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import kopf
@@ -27,11 +28,13 @@ from wok_operator.budget import MemoryBudget, plan_for_spec, sequence_length
 from wok_operator.control import Decision, LawParams, LoopState
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
+    STATUS_HEARTBEAT_S,
     TickResult,
     control_tick,
     decision_status,
     heartbeat_due,
     memory_status,
+    phase,
     pod_view,
     resume_state,
     state_from_status,
@@ -51,6 +54,8 @@ from wok_operator.resources import (
     selector_text,
 )
 from wok_operator.signals import SignalsHub
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -241,6 +246,9 @@ async def control_loop(
     wok = shared(memo)
     loop_memo = LoopMemo()
     try:
+        # Each service ticks at its own phase of the interval, not with every other at once.
+        interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
+        await stopped.wait(phase((namespace, name), interval))
         while not stopped:
             interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
             started = time.monotonic()
@@ -352,8 +360,11 @@ class ServiceTick:
             decided_change=decision.changed,
             since_write_s=since_write,
         ):
-            await asyncio.to_thread(self.wok.kube.patch_status, self.name, self.namespace, patch)
-            self.memo.last_digest, self.memo.last_write_at = digest, time.monotonic()
+            await kube_call(self.wok.kube.patch_status, self.name, self.namespace, patch)
+            written_at = time.monotonic()
+            if last is None:  # the first heartbeat comes at the service's phase of the period
+                written_at -= phase(self.key, STATUS_HEARTBEAT_S / 2)
+            self.memo.last_digest, self.memo.last_write_at = digest, written_at
             metrics.STATUS_WRITES.inc()
         for knob, before, after in (
             ("batch", decision.batch_before, decision.batch),
@@ -371,17 +382,17 @@ class ServiceTick:
         """The world follows the decision: the ConfigMap, the Deployment's replicas, the pods."""
         kube = self.wok.kube
         if decision.batch != decision.batch_before:
-            await asyncio.to_thread(kube.set_batch_size, self.name, self.namespace, decision.batch)
+            await kube_call(kube.set_batch_size, self.name, self.namespace, decision.batch)
         if decision.replicas != self.memo.scaled_to or heartbeat:
             # Read before writing: someone may have scaled by hand; the law's number wins.
-            current = await asyncio.to_thread(kube.deployment_replicas, self.name, self.namespace)
+            current = await kube_call(kube.deployment_replicas, self.name, self.namespace)
             target: int | None = decision.replicas
             if external and current is not None and current != target:
                 # The owner (an HPA, KEDA, kubectl scale) may have written the service since this
                 # tick read it: its latest count goes to the Deployment, never an older one back.
-                target = await asyncio.to_thread(kube.service_replicas, self.name, self.namespace)
+                target = await kube_call(kube.service_replicas, self.name, self.namespace)
             if current is not None and target is not None and current != target:
-                await asyncio.to_thread(kube.scale, self.name, self.namespace, target)
+                await kube_call(kube.scale, self.name, self.namespace, target)
             self.memo.scaled_to = target if current is not None else None
         await _push_to_pods(
             self.wok,
@@ -393,6 +404,13 @@ class ServiceTick:
             self.body,
             self.logger,
         )
+
+
+async def kube_call(call: Callable[..., T], *args: Any) -> T:
+    """A blocking Kubernetes call of a tick, in a thread, timed by call: a tick's latency is its
+    API calls' (the law itself takes milliseconds), and this says which."""
+    with metrics.KUBE_CALL_SECONDS.labels(call=call.__name__).time():
+        return await asyncio.to_thread(call, *args)
 
 
 def export_service_metrics(
@@ -427,7 +445,7 @@ async def _push_to_pods(
     todo = [p for p in pods if p.ready and p.ip and loop_memo.applied.get(p.uid) != batch]
     if not todo or wok.http is None:
         return
-    token = await asyncio.to_thread(wok.kube.admin_token, name, namespace)
+    token = await kube_call(wok.kube.admin_token, name, namespace)
     results = await push_batch_size(wok.http, [p.ip for p in todo if p.ip], token, batch)
     for pod in todo:
         outcome = results.get(pod.ip or "")

@@ -8,6 +8,7 @@ simulator acts on its own fleet instead.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -214,6 +215,13 @@ def status_due(
 
 def heartbeat_due(since_write_s: float | None, heartbeat_s: float = STATUS_HEARTBEAT_S) -> bool:
     return since_write_s is None or since_write_s >= heartbeat_s
+
+
+def phase(key: tuple[str, str], period_s: float) -> float:
+    """The service's own offset in [0, period_s), the same in every process: every daemon starts
+    at once, so without it a thousand services tick in the same instant and write their
+    heartbeats in the same second, and the last of each burst waits on all the others."""
+    return zlib.crc32("/".join(key).encode()) / 2**32 * period_s
 
 
 def memory_status(plan: MemoryBudget) -> dict[str, int]:

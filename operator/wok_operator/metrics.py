@@ -14,10 +14,15 @@ DECISIONS = Counter(
 RECONCILE_ERRORS = Counter(
     "wok_operator_reconcile_errors", "Reconciles or control ticks that failed"
 )
+TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTROL_LOOP_SECONDS = Histogram(
-    "wok_operator_control_loop_seconds",
-    "Duration of one control-loop tick",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    "wok_operator_control_loop_seconds", "Duration of one control-loop tick", buckets=TICK_BUCKETS
+)
+KUBE_CALL_SECONDS = Histogram(
+    "wok_operator_kube_call_seconds",
+    "Duration of a control tick's Kubernetes API call, by call (patch_status, ...)",
+    ["call"],
+    buckets=TICK_BUCKETS,
 )
 PROMQL_REQUESTS = Counter(
     "wok_operator_promql_requests", "PromQL queries sent (one round serves every service)"

@@ -2,16 +2,19 @@
 
 Each query aggregates `by (namespace, service)`, so a tick for N services costs a constant number
 of requests, not N. `SignalsHub` shares a round between the control loops of all services that
-read the same Prometheus: the first loop to find the last round older than its interval fetches a
-new one, the others reuse it. A round's queries run a few at a time (`QUERY_POOL`); where the
-chart's recording rules run (`recording_rules`), the hour-long quantiles are read from their
-recorded series instead of being computed at every round. The metric names are the runtime's
-(`wok_contracts.metrics`); a test checks that every one named here is really exported.
+read the same Prometheus: a refresher task fetches one every interval, ahead of the ticks, which
+read the newest (a tick that waited for its round took as long as the slowest query, and every
+tick that came during the fetch waited too). A round's queries run a few at a time
+(`QUERY_POOL`); where the chart's recording rules run (`recording_rules`), the hour-long
+quantiles are read from their recorded series instead of being computed at every round. The
+metric names are the runtime's (`wok_contracts.metrics`); a test checks that every one named here
+is really exported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Iterable
@@ -88,8 +91,11 @@ SLO_HISTOGRAMS = {"": (E2E_LATENCY, True), "_ttft": (TTFT, True), "_tpot": (TPOT
 RECORDED_WINDOWS = {3600: "1h"}
 #: How often the recording rules run: a recorded quantile is at most this old.
 RECORDING_INTERVAL = "30s"
-#: How long the hub trusts its finding that the recorded series exist (or do not).
+#: How long the hub trusts its finding that the recorded series exist; that they do not, only
+#: one rule interval: an operator that starts with its Prometheus finds no recorded series until
+#: the rules' first evaluations, and would read the hour-long windows raw for minutes.
 RECORDED_CHECK_S = 300.0
+MISSING_RECHECK_S = 30.0
 
 
 def _metric_id(histogram: str) -> str:
@@ -316,16 +322,39 @@ def fetch_recorded(url: str, timeout_s: float = 5.0) -> bool:
     return rnd.error is None and bool(rnd.vectors["recorded"])
 
 
+#: A round older than this many intervals is not served: the tick waits for a new one (the
+#: refresher has just started, or Prometheus answers slower than the interval).
+STALE_INTERVALS = 3.0
+#: A refresher stops after this many intervals without a tick asking for its rounds.
+IDLE_INTERVALS = 3.0
+
+
+@dataclass
+class _Refresher:
+    """The task that fetches one Prometheus' rounds, and what its waiters wait on. Made anew with
+    its task, so it always belongs to the running event loop."""
+
+    task: asyncio.Task[None]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # fetch now, not at the interval
+    landed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
 @dataclass
 class SignalsHub:
-    """Shares rounds between control loops: one round per Prometheus per interval, for all."""
+    """Shares rounds between control loops: one round per Prometheus per interval, for all.
+
+    A refresher task per Prometheus fetches a round every interval (the shortest any service
+    asks for), ahead of the ticks: a tick reads the newest round and never waits on PromQL,
+    except for a first round, a window no round has read yet, or a round gone stale."""
 
     windows: set[int] = field(default_factory=lambda: {60})
     budget_windows: set[int] = field(default_factory=set)
     rounds: dict[str, Round] = field(default_factory=dict)
     # Per Prometheus: whether the recording rules run there, and when that was last checked.
     recorded: dict[str, tuple[bool, float]] = field(default_factory=dict)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Per Prometheus, per service: the interval it asked for, and when it last asked.
+    asked: dict[str, dict[ServiceKey, tuple[float, float]]] = field(default_factory=dict)
+    _refreshers: dict[str, _Refresher] = field(default_factory=dict)
 
     async def get(
         self,
@@ -336,28 +365,85 @@ class SignalsHub:
         max_age_s: float,
         budget_window: int | None = None,
     ) -> Round:
-        lock = self._locks.setdefault(url, asyncio.Lock())
-        async with lock:
+        since = time.monotonic()
+        self.asked.setdefault(url, {})[key] = (max_age_s, since)
+        new_window = window not in self.windows or (
+            budget_window is not None and budget_window not in self.budget_windows
+        )
+        self.windows.add(window)
+        if budget_window is not None:
+            self.budget_windows.add(budget_window)
+        refresher = self._refresher(url)
+        current = self.rounds.get(url)
+        stale = current is None or since - current.fetched_at > STALE_INTERVALS * max_age_s
+        if stale or new_window:
+            refresher.wake.set()
+            async with refresher.landed:
+                await refresher.landed.wait_for(lambda: self._started_since(url, since))
+            current = self.rounds[url]
+        return current
+
+    def _started_since(self, url: str, since: float) -> bool:
+        current = self.rounds.get(url)
+        return current is not None and current.fetched_at >= since
+
+    def interval(self, url: str, now: float) -> float | None:
+        """The shortest interval a service asked for at `url` while it kept asking; None once
+        every service has been idle for `IDLE_INTERVALS` of its own."""
+        live = [
+            max_age
+            for max_age, at in self.asked.get(url, {}).values()
+            if now - at <= IDLE_INTERVALS * max_age
+        ]
+        return min(live, default=None)
+
+    def _refresher(self, url: str) -> _Refresher:
+        refresher = self._refreshers.get(url)
+        if refresher is None or refresher.task.done():
+            refresher = _Refresher(task=asyncio.create_task(self._refresh(url)))
+            self._refreshers[url] = refresher
+        return refresher
+
+    async def _refresh(self, url: str) -> None:
+        """Rounds at `url`, each an interval after the last one started (or as soon as a tick
+        wakes it), until no tick asks. The caller stores this task's `_Refresher` before the task
+        first runs."""
+        refresher = self._refreshers[url]
+        while (interval := self.interval(url, time.monotonic())) is not None:
             current = self.rounds.get(url)
-            fresh = current is not None and time.monotonic() - current.fetched_at < max_age_s
-            new_budget = budget_window is not None and budget_window not in self.budget_windows
-            if not fresh or window not in self.windows or new_budget:
-                self.windows.add(window)
-                if budget_window is not None:
-                    self.budget_windows.add(budget_window)
-                recorded = await self._recorded(url)
-                queries = round_queries(self.windows, self.budget_windows, recorded=recorded)
-                current = await asyncio.to_thread(fetch_round, url, queries)
-                PROMQL_REQUESTS.inc(len(queries))
-                self.rounds[url] = current
-            assert current is not None
-            return current
+            due = 0.0 if current is None else current.fetched_at + interval - time.monotonic()
+            if due > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(refresher.wake.wait(), due)
+            refresher.wake.clear()
+            self.rounds[url] = await self._fetch(url)
+            async with refresher.landed:
+                refresher.landed.notify_all()
+
+    async def _fetch(self, url: str) -> Round:
+        started = time.monotonic()
+        try:
+            recorded = await self._recorded(url)
+            queries = round_queries(self.windows, self.budget_windows, recorded=recorded)
+            PROMQL_REQUESTS.inc(len(queries))
+            return await asyncio.to_thread(fetch_round, url, queries)
+        except Exception as error:  # the waiters must wake: no data, the law holds
+            return Round(fetched_at=started, vectors={}, error=f"{type(error).__name__}: {error}")
+
+    async def close(self) -> None:
+        """Stops every refresher (the operator's cleanup)."""
+        for refresher in self._refreshers.values():
+            refresher.task.cancel()
+        await asyncio.gather(*(r.task for r in self._refreshers.values()), return_exceptions=True)
+        self._refreshers.clear()
 
     async def _recorded(self, url: str) -> bool:
         """Whether the rounds at `url` read the recorded series: checked every
-        `RECORDED_CHECK_S`, so rules installed (or removed) later are picked up."""
+        `RECORDED_CHECK_S` (`MISSING_RECHECK_S` while they are missing), so rules installed (or
+        removed) later are picked up."""
         found = self.recorded.get(url)
-        if found is None or time.monotonic() - found[1] >= RECORDED_CHECK_S:
+        recheck_s = RECORDED_CHECK_S if found is not None and found[0] else MISSING_RECHECK_S
+        if found is None or time.monotonic() - found[1] >= recheck_s:
             found = (await asyncio.to_thread(fetch_recorded, url), time.monotonic())
             PROMQL_REQUESTS.inc()
             self.recorded[url] = found

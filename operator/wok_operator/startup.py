@@ -48,5 +48,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     wok: Shared | None = memo.get("wok")
+    if wok is not None:
+        await wok.hub.close()
     if wok is not None and wok.http is not None:
         await wok.http.aclose()

@@ -18,6 +18,7 @@ from wok_operator import handlers, metrics
 ROOT = Path(__file__).parents[2]
 RULES = ROOT / "charts/wok/files/alerts.yaml"
 RULES_TEST = ROOT / "charts/wok/files/alerts_test.yaml"
+RECORDING_RULES = ROOT / "charts/wok/files/recording_rules.yaml"
 RUNBOOK = ROOT / "docs/alerts.md"
 
 
@@ -40,14 +41,43 @@ def operator_series() -> set[str]:
     return names
 
 
+def recorded_series() -> dict[str, str]:
+    """The chart's recording rules: recorded name → the PromQL it records."""
+    groups = yaml.safe_load(RECORDING_RULES.read_text())["groups"]
+    return {rule["record"]: rule["expr"] for group in groups for rule in group["rules"]}
+
+
+def read_series(expr: str, recorded: dict[str, str]) -> set[str]:
+    """The series `expr` reads, a recorded series replaced by those its rule reads."""
+    names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr)) & recorded.keys()
+    for name in names:
+        expr = expr.replace(name, f"({recorded[name]})")
+    return named_series(expr) if not names else read_series(expr, recorded)
+
+
 def test_every_alert_reads_exported_series():
     exported = EXPORTED | operator_series()
+    recorded = recorded_series()
     for rule in alert_rules():
-        named = named_series(rule["expr"])
+        named = read_series(rule["expr"], recorded)
         assert named, rule["alert"]
         assert named <= exported, f"{rule['alert']}: {named - exported} exported by no one"
     shedding = next(r for r in alert_rules() if r["alert"] == "WokLoadShedding")
-    assert f'reason="{REJECT_QUEUE_FULL}"' in shedding["expr"]  # the reason answered with 429
+    # The reason answered with 429, through the recorded rate the alert reads.
+    assert f'reason="{REJECT_QUEUE_FULL}"' in recorded[shedding["expr"].split()[0]]
+
+
+def test_the_alerts_read_the_runtime_through_recorded_aggregates():
+    # A per-pod runtime series in an alert is evaluated at every alert evaluation: the alerts
+    # read the recorded per-service aggregates instead, which the chart installs with them.
+    recorded = recorded_series()
+    for rule in alert_rules():
+        assert not named_series(rule["expr"]) & EXPORTED - operator_series(), rule["alert"]
+    reads = {name for rule in alert_rules() for name in recorded if name in rule["expr"]}
+    assert reads == {
+        "namespace_service:wok_rejected_requests_queue_full:rate5m",
+        "namespace_service:vllm_kv_cache_usage_perc:max",
+    }
 
 
 def test_every_alert_has_a_severity_and_a_runbook_section():

@@ -5,9 +5,14 @@ the operator holds none (a new process, which is also a new leader)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
+
+from prometheus_client import REGISTRY
 
 from wok_contracts.signals import PodView, ServiceSignals
+from wok_operator import handlers
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_operator.control import LawParams, LoopState
@@ -16,6 +21,7 @@ from wok_operator.loop import (
     control_tick,
     decision_status,
     memory_status,
+    phase,
     resume_state,
     status_digest,
     status_due,
@@ -125,3 +131,59 @@ def test_an_external_owners_count_replaces_the_held_replicas():
     params = LawParams.from_spec(spec, batch_mem=PLAN.max_batch_size)
     held = LoopState(batch=16, replicas=1)
     assert resume_state(held, {}, spec, params) == replace(held, replicas=3)
+
+
+def test_services_tick_and_write_their_heartbeats_spread_over_the_period():
+    # Every daemon starts at once: a phase of their own spreads a thousand services' ticks (and
+    # the status writes they bring) over the interval instead of one burst.
+    keys = [("team", f"s{i:03d}") for i in range(1000)]
+    phases = [phase(key, 5.0) for key in keys]
+    assert all(0.0 <= p < 5.0 for p in phases)
+    assert phase(keys[7], 5.0) == phase(keys[7], 5.0)  # the same in every process
+    tenths = Counter(int(p / 0.5) for p in phases)
+    assert len(tenths) == 10 and all(50 <= n <= 150 for n in tenths.values()), tenths
+
+
+class RecordsWaits:
+    """Kopf's DaemonStopped, stopped after its first wait, which it records."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.waits)
+
+    async def wait(self, timeout: float) -> None:
+        self.waits.append(timeout)
+
+
+async def test_a_control_loop_first_waits_its_services_phase():
+    stopped = RecordsWaits()
+    await handlers.control_loop(
+        stopped=stopped,
+        name="chat",
+        namespace="team-a",
+        spec={"scaling": {"intervalSeconds": 7}},
+        body={},
+        memo=SimpleNamespace(wok=None),
+        logger=None,
+        runtime_pods={},
+    )
+    assert stopped.waits == [phase(("team-a", "chat"), 7.0)]
+
+
+async def test_a_ticks_kubernetes_calls_are_timed_by_call():
+    def patch_status(name: str, namespace: str) -> str:
+        return f"{namespace}/{name}"
+
+    def count() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "wok_operator_kube_call_seconds_count", {"call": "patch_status"}
+            )
+            or 0.0
+        )
+
+    before = count()
+    assert await handlers.kube_call(patch_status, "chat", "team-a") == "team-a/chat"
+    assert count() == before + 1
