@@ -37,7 +37,8 @@ GROUPS = {
     "attention: KV writes": ("aten::index_copy_",),
     "attention: block gathers": ("aten::index_select",),
     "attention: SDPA": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
-    "norms": ("aten::_fused_rms_norm", "aten::rms_norm"),
+    # RMSNorm's reduction (its casts and products count among the other operators).
+    "norms: pow, mean, rsqrt": ("aten::pow", "aten::mean", "aten::sum", "aten::rsqrt"),
 }
 OUTSIDE = "outside operators (Python, dispatch)"
 

@@ -196,8 +196,8 @@ def test_the_budget_counts_each_familys_parameters(family_dirs: dict[str, Path])
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_rms_norm_and_rotary_match_transformers_bit_for_bit(dtype: torch.dtype) -> None:
-    """The fused norm and the one-op half swap compute exactly what Llama's modules compute in
-    low precision too (normalised in fp32, rounded, then weighted)."""
+    """RMSNorm and RoPE compute exactly what Llama's modules compute, in low precision too
+    (normalised in fp32, rounded, then weighted): a guard for any rewrite of them for speed."""
     from transformers.models.llama import modeling_llama as hf
 
     from wok_runtime.model import RMSNorm, apply_rope
