@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,24 @@ def attention_variants(kv_heads: int, group: int, hd: int, rows: int) -> dict[st
     }
 
 
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# CPU kernels for a bfloat16 decode step, side by side",
+        "",
+        f"Produced by `{report['command']}` on {report['when']} (torch {report['torch']}, one "
+        "thread, a 2-CPU machine shared with other work); medians of interleaved runs, µs, and "
+        "each variant's time over the first one's (> 1: slower than what the runtime does).",
+        "",
+        "| model | op | rows | variants (µs, ratio to the first) |",
+        "|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        names = [k for k in row if k not in ("model", "op", "rows")]
+        cells = "; ".join(f"{k} {row[k] * 1e6:.0f} ({row[k] / row[names[0]]:.2f}×)" for k in names)
+        lines.append(f"| {row['model']} | {row['op']} | {row['rows']} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
@@ -131,23 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     report = {"command": command, "when": when, "torch": torch.__version__, "rows": rows_out}
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [
-        "# CPU kernels for a bfloat16 decode step, side by side",
-        "",
-        f"Produced by `{command}` on {when} (torch {torch.__version__}, one thread, a 2-CPU "
-        "machine shared with other work); medians of interleaved runs, µs, and each variant's "
-        "time over the first one's (> 1: slower than what the runtime does).",
-        "",
-        "| model | op | rows | variants (µs, ratio to the first) |",
-        "|---|---|---|---|",
-    ]
-    for row in rows_out:
-        names = [k for k in row if k not in ("model", "op", "rows")]
-        first = row[names[0]]
-        cells = "; ".join(f"{k} {row[k] * 1e6:.0f} ({row[k] / first:.2f}×)" for k in names)
-        lines.append(f"| {row['model']} | {row['op']} | {row['rows']} | {cells} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report), end="")
     return 0
 
 
