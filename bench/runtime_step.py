@@ -1,11 +1,12 @@
 """Where a decode step of wok's runtime spends its time, on this CPU, in bfloat16.
 
 Why: bench/runtime_vs_vllm.py says how far the runtime is from vLLM; this says where the time
-goes. One decode step of 32 sequences at position 160 (the closed loop at 32 of 128 prompt + 64
-output tokens, midway), the model runner alone (no HTTP, no scheduler):
-  - side by side, interleaved, medians: 1 and 2 intra-op threads;
-  - a torch profile of the step (one thread), by operator group:
-    linear layers, attention over the paged KV (writes, block gathers, SDPA), and the rest.
+goes. Decode steps of 1, 8 and 32 sequences at position 160 (the closed loops of 128 prompt + 64
+output tokens, midway), the model runner and the sampler alone (no HTTP, no scheduler):
+  - side by side, interleaved, medians: 1 and 2 intra-op threads (at the largest batch);
+  - a torch profile of each step (one thread), by operator group: linear layers, attention over
+    the paged KV (writes, block gathers, SDPA), norms, the rest of the operators, and the time
+    outside any operator (Python and dispatch: the step's wall time less its operators' time).
 
     .venv/bin/python bench/runtime_step.py       # writes bench/results/runtime_step.{md,json}
 """
@@ -27,6 +28,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.sampler import Sampler
+from wok_runtime.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {
@@ -34,7 +37,10 @@ GROUPS = {
     "attention: KV writes": ("aten::index_copy_",),
     "attention: block gathers": ("aten::index_select",),
     "attention: SDPA": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
+    # RMSNorm's reduction (its casts and products count among the other operators).
+    "norms: pow, mean, rsqrt": ("aten::pow", "aten::mean", "aten::sum", "aten::rsqrt"),
 }
+OUTSIDE = "outside operators (Python, dispatch)"
 
 
 def decode_step(runner: ModelRunner, batch: int, position: int) -> list[StepInput]:
@@ -60,23 +66,27 @@ def side_by_side(
 
 
 def op_groups(runner: ModelRunner, step: list[StepInput], iters: int) -> dict[str, float]:
+    """Shares of the step's wall time (one thread), the sampler's greedy pick included."""
     torch.set_num_threads(1)
+    sampler, params = Sampler(), SamplingParams(temperature=0.0)
+    requests = [(str(i), params) for i in range(len(step))]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
         for _ in range(iters):
-            runner.forward(step)
-    total = 0.0
+            sampler.sample(runner.forward(step), requests)
+        wall = (time.perf_counter() - started) * 1e6
     groups: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
-        total += event.self_cpu_time_total
-        group = next((g for g, names in GROUPS.items() if event.key in names), "the rest")
+        group = next((g for g, names in GROUPS.items() if event.key in names), "other operators")
         groups[group] += event.self_cpu_time_total
-    return {g: groups[g] / total for g in [*GROUPS, "the rest"]}
+    groups[OUTSIDE] = max(0.0, wall - sum(groups.values()))
+    return {g: groups[g] / wall for g in [*GROUPS, "other operators", OUTSIDE]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m"])
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--position", type=int, default=160)
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime_step"))
@@ -91,26 +101,45 @@ def main(argv: list[str] | None = None) -> int:
         runner = ModelRunner.from_source(
             f"builtin:{name}", dtype="bfloat16", kv_cache_bytes=256 << 20, max_model_len=512
         )
-        step = decode_step(runner, args.batch, args.position)
-        medians = side_by_side({"plain": runner}, step, [1, 2], args.iters)
-        shares = op_groups(runner, step, max(2, args.iters // 2))
-        report["models"][name] = {"step_seconds": medians, "profile_shares": shares}
-        print(f"{name}: {medians} {shares}", file=sys.stderr)
+        largest = decode_step(runner, max(args.batches), args.position)
+        medians = side_by_side({"plain": runner}, largest, [1, 2], args.iters)
+        shares, seconds = {}, {}
+        for batch in args.batches:
+            step = decode_step(runner, batch, args.position)
+            seconds[batch] = side_by_side({"1 thread": runner}, step, [1], args.iters)
+            shares[batch] = op_groups(runner, step, max(2, args.iters // 2))
+            print(f"{name} x{batch}: {seconds[batch]} {shares[batch]}", file=sys.stderr)
+        report["models"][name] = {
+            "threads_at_largest_batch": medians,
+            "step_seconds_by_batch": {b: next(iter(t.values())) for b, t in seconds.items()},
+            "profile_shares_by_batch": shares,
+        }
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "# A decode step of wok's runtime, bfloat16, on this CPU",
         "",
         f"Produced by `{report['command']}` on {report['when']} (torch {report['torch']}; a "
-        f"2-CPU machine shared with other work). One step of {args.batch} sequences decoding "
-        f"at position {args.position}; medians of {args.iters} interleaved runs.",
+        f"2-CPU machine shared with other work). Decode steps at position {args.position}; "
+        f"medians of {args.iters} interleaved runs. The profile shares are of the step's wall "
+        "time on one thread, the sampler's greedy pick included.",
     ]
     for name, model in report["models"].items():
-        lines += ["", f"## builtin:{name}", "", "| variant | step (ms) | tok/s |", "|---|---|---|"]
-        for variant, seconds in model["step_seconds"].items():
-            lines.append(f"| {variant} | {seconds * 1e3:.1f} | {args.batch / seconds:.0f} |")
-        lines += ["", "Profile of the step on one thread (share of CPU time):", ""]
-        lines += [f"- {group}: {share:.0%}" for group, share in model["profile_shares"].items()]
+        lines += ["", f"## builtin:{name}", "", "| threads, batch of "
+                  f"{max(args.batches)} | step (ms) | tok/s |", "|---|---|---|"]  # fmt: skip
+        for variant, seconds in model["threads_at_largest_batch"].items():
+            tok_s = max(args.batches) / seconds
+            lines.append(
+                f"| {variant.removeprefix('plain, ')} | {seconds * 1e3:.1f} | {tok_s:.0f} |"
+            )
+        by_batch = model["profile_shares_by_batch"]
+        lines += ["", "| share of a step | " + " | ".join(f"batch {b}" for b in by_batch) + " |"]
+        lines += ["|---|" + "---|" * len(by_batch)]
+        step_ms = [f"{s * 1e3:.1f} ms" for s in model["step_seconds_by_batch"].values()]
+        lines += ["| step, 1 thread | " + " | ".join(step_ms) + " |"]
+        for group in next(iter(by_batch.values())):
+            cells = " | ".join(f"{shares[group]:.0%}" for shares in by_batch.values())
+            lines.append(f"| {group} | {cells} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

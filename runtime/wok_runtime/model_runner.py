@@ -60,7 +60,7 @@ class _Prefill:
     start: int  # first row of the chunk in the packed tokens
     end: int
     blocks: torch.Tensor | None  # (n_blocks,) blocks holding its keys; None: no prefix
-    mask: torch.Tensor | None  # (n_tokens, n_blocks * bs) bool, True = may attend
+    mask: torch.Tensor | None  # (n_tokens, n_blocks * bs) additive: 0 may attend, -inf not
 
 
 @dataclass
@@ -70,7 +70,7 @@ class _DecodeGroup:
     start: int  # first row of the group in the packed tokens
     end: int
     blocks: torch.Tensor  # ((end - start) * n_blocks,) each one's blocks, padded with block 0
-    mask: torch.Tensor | None  # (end - start, 1, 1, n_blocks * bs) bool; None: no padding
+    mask: torch.Tensor | None  # (end - start, 1, 1, n_blocks * bs) additive; None: no padding
 
 
 @dataclass
@@ -396,7 +396,8 @@ class ModelRunner:
             mask = None
             if lengths[start] != n_blocks * bs:
                 keys = torch.arange(n_blocks * bs)[None, :]
-                mask = to((keys < torch.tensor(lengths[start:end])[:, None])[:, None, None, :])
+                allowed = keys < torch.tensor(lengths[start:end])[:, None]  # (B, n_keys)
+                mask = to(self._additive(allowed[:, None, None, :]))
             plan.decodes.append(_DecodeGroup(start, end, blocks, mask))
         row = len(decode)
         for i in prefill:
@@ -411,9 +412,15 @@ class ModelRunner:
                 mask = (
                     torch.arange(n_blocks * bs)[None, :] <= torch.arange(start, start + n)[:, None]
                 )
-                plan.prefills.append(_Prefill(row, row + n, to(blocks), to(mask)))
+                plan.prefills.append(_Prefill(row, row + n, to(blocks), to(self._additive(mask))))
             row += n
         return plan
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A bool mask (True: may attend) as the float one SDPA adds to the scores, made once a
+        step: given the bool one, every layer's SDPA call converts it again, which cost up to
+        half of a decode's attention (bench/results/cpu_kernels.md)."""
+        return torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._pin:

@@ -192,3 +192,25 @@ def test_the_budget_counts_each_familys_parameters(family_dirs: dict[str, Path])
         arch = architecture_from_hf_config(path / "config.json")
         model = transformers.AutoModelForCausalLM.from_pretrained(path)
         assert parameter_count(arch) == sum(p.numel() for p in model.parameters()), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_and_rotary_match_transformers_bit_for_bit(dtype: torch.dtype) -> None:
+    """RMSNorm and RoPE compute exactly what Llama's modules compute, in low precision too
+    (normalised in fp32, rounded, then weighted): a guard for any rewrite of them for speed."""
+    from transformers.models.llama import modeling_llama as hf
+
+    from wok_runtime.model import RMSNorm, apply_rope
+
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 4, 96, generator=generator) * 3).to(dtype)
+    ours, theirs = RMSNorm(96, 1e-5), hf.LlamaRMSNorm(96, eps=1e-5)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.randn(96, generator=generator))
+        ours.weight.copy_(theirs.weight)
+        ours, theirs = ours.to(dtype), theirs.to(dtype)
+        assert torch.equal(ours(x), theirs(x))
+    cos, sin = torch.randn(2, 64, 1, 96, generator=generator).to(dtype)
+    expected = x * cos + hf.rotate_half(x) * torch.cat((sin[..., 48:], sin[..., 48:]), dim=-1)
+    signed_sin = torch.cat((-sin[..., 48:], sin[..., 48:]), dim=-1)  # as rope_tables lays it out
+    assert torch.equal(apply_rope(x, cos, signed_sin), expected)

@@ -272,6 +272,10 @@ def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Pa
     step = [StepInput(p[-1:], len(p) - 1, t) for p, t in zip(ids, tables, strict=True)]
     plan = runner._plan(step)
     assert len(plan.decodes) >= 2 and not plan.prefills
+    # Masks are made once a step in the form SDPA adds to its scores, not converted per layer.
+    masks = [g.mask for g in plan.decodes if g.mask is not None]
+    assert masks and all(m.dtype == runner.dtype for m in masks)
+    assert all(set(m.unique().tolist()) <= {0.0, float("-inf")} for m in masks)
     out = runner.forward(step)
     for row, p in enumerate(ids):
         torch.testing.assert_close(out[row], hf_logits(ref, p)[-1], rtol=0, atol=TOL)
