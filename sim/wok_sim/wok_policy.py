@@ -63,7 +63,7 @@ class LawPolicy:
         self.interval_s = float(self.spec.scaling.interval_seconds)
         self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
-        self.state = replace(self.state, batch=self.pinned(params.batch_cap))
+        self.state = replace(self.state, batch=self.pinned(self.state.batch, params.batch_cap))
 
     def batch_mem(self, mean_sequence_tokens: float | None) -> int:
         """B_mem as the operator sizes it (`handlers.budget_in_force`) from the same signal; without
@@ -74,9 +74,10 @@ class LawPolicy:
     def start(self) -> Action:
         return Action(batch=self.state.batch, replicas=self.state.replicas, reason="initial state")
 
-    def pinned(self, cap: int) -> int:
-        """The batch the law runs with: its own, or the ablation's pin (never above the cap)."""
-        return self.state.batch if self.pinned_batch is None else min(self.pinned_batch, cap)
+    def pinned(self, batch: int, cap: int) -> int:
+        """The batch the law runs with: the one it chose, or the ablation's pin (never above the
+        cap)."""
+        return batch if self.pinned_batch is None else min(self.pinned_batch, cap)
 
     def decide(self, view: FleetView) -> Action:
         result = control_tick(
@@ -90,7 +91,8 @@ class LawPolicy:
         )
         decision = result.decision
         # An ablation overrides the batch of every decision and leaves the replica rule alone.
-        self.state = replace(decision.state, batch=self.pinned(result.params.batch_cap))
+        batch = self.pinned(decision.batch, result.params.batch_cap)
+        self.state = replace(decision.state, batch=batch)
         return Action(batch=self.state.batch, replicas=decision.replicas, reason=decision.reason)
 
 
