@@ -129,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="overlay",
         help="scale by overlaying shifted copies of the trace, or by compressing its time",
     )
+    parser.add_argument(
+        "--splice",
+        metavar="TRACE@START-END",
+        help="requests arriving between START and END seconds take TRACE's lengths (a context "
+        "mix that shifts mid-run; the arrivals stay)",
+    )
     parser.add_argument("--duration", type=float, metavar="S", help="simulate the first S seconds")
     parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
     parser.add_argument(
@@ -187,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from wok_sim.policies import PolicyContext, load_registry, resolve
     from wok_sim.profile import load_profile
     from wok_sim.report import Slos, table, to_json, write_plots
-    from wok_sim.traces import load_trace, scale_rate
+    from wok_sim.traces import load_trace, parse_splice, scale_rate, splice
 
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
@@ -197,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
     rate_scale = rate_scale_of(args.trace, args.rate_scale)
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, mode=args.rate_mode, seed=args.seed)
+    if args.splice:
+        ref, start_s, end_s = parse_splice(args.splice)
+        requests = splice(requests, load_trace(ref, seed=args.seed), start_s, end_s, seed=args.seed)
     if not 0.0 <= args.scrape_failure < 1.0:
         raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
     config = FleetConfig(
