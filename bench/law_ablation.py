@@ -110,7 +110,7 @@ def table(results: dict[str, dict[str, dict]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default="wok,wok-frozen-cap,wok-frozen-plan,wok-start-cap")
+    parser.add_argument("--policies", default="wok,wok-frozen-cap,wok-frozen-plan")
     parser.add_argument("--only", default="", help="run the conditions whose name has this")
     parser.add_argument("--regimes", action="store_true", help="the regimes, not the conditions")
     parser.add_argument("--out", default="law_ablation")
