@@ -2,8 +2,7 @@
 
 One row per condition: each policy's attainment of all SLOs and GPU-hours on the same arrivals.
 `wok-frozen-cap` and `wok-frozen-plan` are the law with its batch pinned (`sim/wok_sim/
-wok_policy.py`), so a difference between them and `wok` is what the moving batch buys;
-`wok-start-cap` starts the moving batch at the cap instead of the spec's initial batch. Every
+wok_policy.py`), so a difference between them and `wok` is what the moving batch buys. Every
 condition here is a development condition: the law's constants were judged on all of them
 together (docs/control-law.md), never on one.
 

@@ -45,8 +45,6 @@ POLICIES: dict[str, str] = {
     "ablation: what the moving batch buys; not in `all`)",
     "wok-frozen-plan": "the law with its batch pinned at `wok plan`'s B_opt for the trace's mix "
     "(an ablation; not in `all`)",
-    "wok-start-cap": "the law with its batch starting at the cap instead of the spec's initial "
-    "batch, then moving as usual (not in `all`)",
     "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
     "(a search over replica counts, one simulation each)",
     "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",

@@ -1,8 +1,7 @@
 """The `wok` and `sign-step` policies: the operator's own control law, driven by the simulator; and
 the batch knob's two ablations, `wok-frozen-cap` and `wok-frozen-plan`: the same law with its
 batch pinned (at min(B_max, B_mem), or at `wok plan`'s B_opt for the trace's mix) every tick, so
-that what the moving batch buys is measured on the same arrivals. `wok-start-cap` is the law
-with its batch starting at the cap instead of the spec's initial batch (then moving as usual).
+that what the moving batch buys is measured on the same arrivals.
 
 No copy of the law: the spec is an `InferenceServiceSpec` (defaults, plus the SLOs and replica
 limits of the run), the parameters come from `LawParams.from_spec`, each tick goes through the
@@ -121,15 +120,7 @@ def _frozen_plan(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok-frozen-plan", decide, ctx, pinned_batch=plan_batch(ctx))]
 
 
-def _start_cap(ctx: PolicyContext) -> list[Policy]:
-    policy = LawPolicy("wok-start-cap", decide, ctx)
-    cap = LawParams.from_spec(policy.spec, batch_mem=policy.batch_mem(None)).batch_cap
-    policy.state = replace(policy.state, batch=cap)
-    return [policy]
-
-
 register("wok-frozen-cap", PolicyEntry(variants=_frozen_cap, in_all=False))
-register("wok-start-cap", PolicyEntry(variants=_start_cap, in_all=False))
 register("wok-frozen-plan", PolicyEntry(variants=_frozen_plan, in_all=False))
 
 
