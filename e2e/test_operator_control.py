@@ -1,8 +1,8 @@
 """The control loop end to end: real runtime pods under real load, scraped by a real Prometheus,
-moved by the real operator. A burst raises the batch (a doubling sign-step on the queue) and the
-replicas (on measured demand); a quiet period brings the replicas down only after the window, the
-batch staying put; a P99 TPOT breach while the cap binds lowers the batch to its floor, where the
-SLO is reported unattainable."""
+moved by the real operator. The batch goes to its cap in one step (it rests there while TPOT is
+within its SLO), and a burst raises the replicas (on measured demand); a quiet period brings the
+replicas down only after the window, the batch staying put; a P99 TPOT breach while the cap binds
+lowers the batch to its floor, where the SLO is reported unattainable."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ SPEC = {
     "model": {"source": "builtin:tiny", "dtype": "float32"},
     "runtime": {"gpuMemory": "256Mi", "cpu": "1", "memory": "1Gi", "drainSeconds": 5},
     "memory": {"maxModelLen": 512, "reserve": "16Mi"},
-    # η_B 1: the doubling step is visible as 2 → 3 → 5 → 6 (the cap).
+    # From 2 the batch goes to its cap, 6, in one step; η_B 1 makes the walk down visible.
     "batching": {"minBatchSize": 1, "initialBatchSize": 2, "maxBatchSize": 6, "step": 1},
     "queue": {"maxLength": 512, "timeoutSeconds": 300},
     "scaling": {
@@ -234,8 +234,8 @@ def test_burst_then_quiet_then_tpot_breach(service):
         60,
     )
 
-    # 1. A burst: 20 clients on a batch of 2 queue far past Q* + deadband. The batch climbs with a
-    # doubling step to its cap, and demand (20 sequences, 6 a pod at ρ 0.7) asks for more pods.
+    # 1. A burst: 20 clients queue far past Q* + deadband. The batch is at its cap (it went there
+    # from 2 once metrics flowed), and demand (20 sequences, 6 a pod at ρ 0.7) asks for more pods.
     load_from = time.monotonic()
     load = Load(lambda: ready_ips(kc, ns), workers=20, max_tokens=300)
     try:
@@ -247,9 +247,9 @@ def test_burst_then_quiet_then_tpot_breach(service):
     load_stopped = load.stopped_at
     assert load.ok > 0 and not load.failures, load.failures[:5]
     burst = [s for s in recorder.samples if load_from <= s.t <= load_stopped]
-    assert distinct([s.batch for s in burst]) == [2, 3, 5, 6], distinct([s.batch for s in burst])
+    assert set(distinct([s.batch for s in burst])) <= {2, 6}, distinct([s.batch for s in burst])
     first_batch_up = recorder.first(lambda s: (s.batch or 0) > 2)
-    assert "batch 2→3" in first_batch_up.reason and "queue" in first_batch_up.reason
+    assert "batch 2→6" in first_batch_up.reason and "rests at its cap" in first_batch_up.reason
     scaled = recorder.first(lambda s: s.replicas == 2)
     assert "replicas 1→2 (R* 2 > 1" in scaled.reason, scaled.reason
     # Every pod, the new one too, runs at the decided batch size (new pods read it at start).
@@ -257,8 +257,7 @@ def test_burst_then_quiet_then_tpot_breach(service):
         assert pod_batch_size(ip) == 6, ip
 
     # 2. Quiet: demand falls to nothing, but the replicas come down only once R* < R has held for
-    # the whole window (it cannot start before the load stopped), and the batch, which moves on
-    # TPOT and the queue only, stays at its cap.
+    # the whole window (it cannot start before the load stopped), and the batch stays at its cap.
     down = wait_for(
         lambda: recorder.first(lambda s: s.t > load_stopped and s.replicas == 1),
         "scale-down to 1 replica",
@@ -272,7 +271,7 @@ def test_burst_then_quiet_then_tpot_breach(service):
     # 3. A TPOT breach lowers the batch. No batch meets a 0.1 ms TPOT, so the batch walks down to
     # its floor and the SLO is reported unattainable there. Eight clients on one pod keep the cap
     # binding (running >= 0.8 · batch): only then is the batch what sets the step time. One
-    # replica at most, so demand cannot spread the load thin and unbind the cap.
+    # replica at most: no pod can be tried first, so the batch is what is left.
     wait_for(lambda: len(ready_ips(kc, ns)) == 1, "back to one pod", 60)
     tpot_slo_s = 0.0001
     kubectl(

@@ -217,6 +217,47 @@ def private_copy(
     return hash_ids[:shared] + tuple(next(fresh) for _ in hash_ids[shared:])
 
 
+def splice(
+    requests: list[TraceRequest],
+    other: list[TraceRequest],
+    start_s: float,
+    end_s: float,
+    *,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """The same arrivals, with the lengths of `other`'s requests (in its order, from a seeded
+    place, round and round) for those that arrive in [start_s, end_s): the context mix shifts
+    mid-run while the arrival process stays, so what changes is only what each request asks of
+    a pod. Spliced prompts carry no prefix ids (another user's prompt shares nothing here)."""
+    if not (0 <= start_s < end_s):
+        raise ValueError(f"a splice needs 0 <= START < END, got {start_s:g}-{end_s:g}")
+    if not other:
+        raise ValueError("the spliced trace has no requests")
+    lengths = itertools.cycle(other)
+    for _ in range(random.Random(seed).randrange(len(other))):
+        next(lengths)
+    out = []
+    for r in requests:
+        if start_s <= r.arrival_s < end_s:
+            o = next(lengths)
+            r = dataclasses.replace(
+                r, prompt_tokens=o.prompt_tokens, output_tokens=o.output_tokens, hash_ids=()
+            )
+        out.append(r)
+    return out
+
+
+def parse_splice(text: str) -> tuple[str, float, float]:
+    """`REF@START-END` (`bench/traces/mooncake_conversation.jsonl@600-1200`): the trace whose
+    lengths the requests arriving between START and END seconds take."""
+    ref, _, window = text.rpartition("@")
+    start, _, end = window.partition("-")
+    try:
+        return ref, float(start), float(end)
+    except ValueError:
+        raise ValueError(f"bad splice {text!r} (want TRACE@START-END)") from None
+
+
 def clip_to_model(
     requests: list[TraceRequest], max_model_len: int
 ) -> tuple[list[TraceRequest], int]:

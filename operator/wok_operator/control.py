@@ -4,22 +4,18 @@ One pure function, `decide`, with no I/O: the operator, the fleet simulator (`wo
 tests all call it. `decide_sign_step` keeps the plain clipped sign-step the law started from, for
 comparison.
 
-The batch keeps that clipped sign-step, on what the batch controls:
+The batch rests at its cap, min(B_max, B_mem), with the clipped sign-step as its guard:
 
-    B ← clip(B + η · sign(e), B_min, min(B_max, B_mem))
+    B ← min(B_max, B_mem)                              while TPOT is within its SLO
+    B ← clip(B − η, B_min, min(B_max, B_mem))          on a P99 TPOT breach at the cap that
+                                                       pods did not fix, once per SLO window
 
-    e < 0  when the P99 time per output token (TPOT) breaks its SLO: a bigger batch makes every step
-           slower, so the batch is the knob that fixes it;
-    e > 0  when requests queue (Q > Q* + deadband) or the running set nears the cap, and TPOT is
-           within its SLO: a bigger batch admits them before pods are added;
-    e = 0  otherwise. A KV cache past its ceiling holds the batch: the pod is at its cap (it holds
-           what memory allows) and the replicas take the rest. Latency that comes from output
-           length (end-to-end time of long answers) never moves the batch.
-
-η doubles while the direction repeats (1, 2, 4, … × η_B, at most the distance to the bound) and
-falls back to η_B when it changes or holds, so a cold start reaches its working batch in a few ticks
-and a breach is still corrected one step at a time; a decrease waits for the last one to show in
-the windowed P99 (the SLO window), and so does a raise after a decrease.
+A batch below its cap only queues what a pod could run (the ablations in docs/control-law.md
+measured it: a moving batch that climbed from its initial batch lost spikes, and one that
+stepped down on a TPOT breach under rising load queued it); a TPOT breach at the cap therefore
+asks for a pod first, and the batch steps down only once one more pod did not lower the P99 or
+the fleet is at its most. A KV cache past its ceiling holds the batch. Latency that comes from
+output length (end-to-end time of long answers) or queueing (TTFT) never lowers it.
 
 The replicas follow the measured demand (Little's law on the gauges, not on a lagging P99):
 
@@ -34,20 +30,19 @@ headroom, from when a P99 over the SLO's budget window (an hour) breaks its SLO 
 outrun the fleet within a pod start before) until every P99.5 over it is within its SLO (half the
 budget back), or the window held no request at all.
 
-R rises to R* at once (at most `max_step` per tick) once R* > R has held for `scale_up_window`;
-pods already starting count as capacity on its way (R includes them), so a scale-up never repeats
-while it is still arriving; a pod pending past its pod start and a margin is no capacity, and is
-asked for again. A TTFT breach while requests queue adds one replica if demand did not (uneven
-routing), and so does a TPOT breach below the cap (step time from load), each only after the last
-scale-up had a pod start and an SLO window to show, and the last scale-down the window that shows
-it (a lagging P99 never reverses a step it has not seen); a TPOT pod that did not lower the P99
-ends those (`SLOUnattainable`). R falls only when R* < R has held for `scale_down_window`, to the
-largest R* seen in that window, with no breach a pod or the batch could fix, and not below the
-pods that serve today's arrivals at the most a pod has served within its SLOs, unless that floor
-has held the fleet for a budget window. μ and that rate are forgotten when the model, the GPU or
-the SLOs change, and give way to a lower sample once a budget window old. Any missing series the
-law reads holds everything; nothing scales to zero on missing data; the batch is never above
-B_mem.
+R rises to R* at once (at most `max_step` per tick) once R* > R has held for `scale_up_window`; pods
+already starting count as capacity on its way (R includes them), so a scale-up never repeats while
+it is still arriving; a pod pending past its pod start and a margin is no capacity, and is asked for
+again. A TTFT breach while requests queue adds one replica if demand did not (uneven routing), and
+so does a TPOT breach (step time from load; at the cap, before the batch), each only after the last
+scale-up had a pod start and an SLO window to show, and the last scale-down the window that shows it
+(a lagging P99 never reverses a step it has not seen); a TPOT pod that did not lower the P99 ends
+those (`SLOUnattainable`). R falls only when R* < R has held for `scale_down_window`, to the largest
+R* seen in that window, with no breach a pod or the batch could fix, and not below the pods that
+serve today's arrivals at the most a pod has served within its SLOs, unless that floor has held the
+fleet for a budget window. μ and that rate are forgotten when the model, the GPU or the SLOs change,
+and give way to a lower sample once a budget window old. Any missing series the law reads holds
+everything; nothing scales to zero on missing data; the batch is never above B_mem.
 """
 
 from __future__ import annotations
@@ -181,7 +176,7 @@ class LoopState:
 
     batch: int
     replicas: int
-    batch_direction: int = 0  # the last batch step's sign, for the doubling step
+    batch_direction: int = 0  # the last batch step's sign
     batch_run: int = 0  # how many steps in a row went that way
     last_batch_decrease: float | None = None
     up_since: float | None = None  # since when demand has asked for more replicas
@@ -306,39 +301,39 @@ def _showing_s(p: LawParams) -> float:
 def _batch_rule(
     state: LoopState, batch: int, f: _Facts, obs: Observation, p: LawParams
 ) -> _BatchStep:
-    """The sign-step on the batch, with the step doubling while its direction repeats. After a
-    TPOT-driven decrease the windowed P99 still holds the old batch: no step either way until
-    the window has seen the new one, or the batch would climb straight back into the breach."""
+    """The batch rests at its cap, min(B_max, B_mem): below it a pod queues what it could run.
+    A TPOT breach at the cap asks for a pod first (the replica rule); only once pods cannot fix
+    it (one more did not lower the P99, or the fleet is at its most) does the guard step the
+    batch down, η per window: the windowed P99 still holds the old batch until then, or the
+    batch would climb straight back into the breach. Back at the cap once TPOT is within its
+    SLO and the window has seen the last decrease."""
     direction, why = 0, ""
-    if f.tpot_breached and f.cap_binds:
-        if not f.recently_lowered:
-            direction = -1
-            why = f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the cap"
-        else:
-            why = "P99 TPOT above SLO, waiting for the last step to show"
+    pods_left = not state.tpot_futile and state.replicas < p.replicas_max
+    if f.tpot_breached and f.cap_binds and pods_left:
+        why = "P99 TPOT above SLO at the cap: a pod first"
+    elif f.tpot_breached and f.cap_binds and not f.recently_lowered:
+        direction = -1
+        why = (
+            f"P99 TPOT {obs.p99_tpot_seconds:.3f}s > SLO {p.slo_tpot_s:g}s at the cap, and pods "
+            "did not fix it"
+        )
+    elif f.tpot_breached and f.cap_binds:
+        why = "P99 TPOT above SLO, waiting for the last step to show"
     elif f.tpot_breached:
         why = "P99 TPOT above SLO below the cap: step time comes from load, not from the batch"
     elif f.kv_full:
         why = f"KV usage {obs.kv_usage:.0%} > ceiling {p.kv_usage_ceiling:.0%}: pods at their cap"
-    elif (f.queue_long or f.cap_binds) and not f.recently_lowered:
-        # Raise before the cap queues anyone: the batch is the fast knob, pods the slow one.
+    elif f.recently_lowered:
+        why = "the batch was lowered for TPOT within the window"
+    elif batch < p.batch_cap:
         direction = 1
-        why = (
-            f"queue {f.queue:.1f}/replica > {p.target_queue:g}±{p.deadband:g}"
-            if f.queue_long
-            else f"running {obs.running_per_replica:.0f}/replica near the cap {batch}"
-        )
-    elif f.queue_long or f.cap_binds:
-        why = "the cap binds, but the batch was lowered for TPOT within the window"
+        why = "TPOT within its SLO: the batch rests at its cap"
     if direction == 0:
         return _BatchStep(batch, 0, 0, why)
     run = state.batch_run + 1 if direction == state.batch_direction else 1
-    # Down steps stay η: each waits for the windowed P99 anyway. Up steps double while they repeat.
-    step = p.batch_step if direction < 0 else p.batch_step * 2 ** min(run - 1, 10)
-    new_batch = p.clip_batch(batch + direction * step)
+    new_batch = p.clip_batch(batch - p.batch_step if direction < 0 else p.batch_cap)
     if new_batch == batch:
-        bound = "cap" if direction > 0 else "floor"
-        return _BatchStep(batch, 0, 0, f"{why}; batch at its {bound} {batch}")
+        return _BatchStep(batch, 0, 0, f"{why}; batch at its floor {batch}")
     return _BatchStep(new_batch, direction, run, why)
 
 
@@ -498,7 +493,7 @@ def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]
     return forgotten, ["the model, GPU or SLOs changed: the learnt rates start afresh"]
 
 
-#: A pod added for a TPOT breach below the cap that lowers the P99 by less than this share of it
+#: A pod added for a TPOT breach that lowers the P99 by less than this share of it
 #: shows that more pods will not meet the SLO.
 TPOT_GAIN = 0.1
 
@@ -576,7 +571,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     # Q* that lasts says the fleet is short now (a pod added for a spike gone arrives idle).
     queued_since = _since(state.queued_since, now) if f.queue_long else None
     queue_lasts = queued_since is not None and now - queued_since >= p.scale_up_window_s
-    # A TPOT breach below the cap comes from load: one more pod may fix it. If that pod, once it
+    # A TPOT breach comes from load: one more pod may fix it. If that pod, once it
     # could show, did not lower the P99, no pod will: stop adding them, and let demand size the
     # fleet again (the breach is reported, not chased).
     tpot_pod_p99, tpot_futile = (
@@ -587,7 +582,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         tpot_futile = tpot_futile or tpot > (1 - TPOT_GAIN) * tpot_pod_p99  # type: ignore[operator]
     at_floor = f.tpot_breached and batch <= p.batch_floor and not f.recently_lowered
     tpot_unattainable = tpot_futile or at_floor
-    tpot_pod = f.tpot_breached and not f.cap_binds and not tpot_unattainable
+    tpot_pod = f.tpot_breached and not tpot_unattainable
     # Breaches more pods or a smaller batch may fix block a scale-down: TTFT while requests
     # queue (without a queue it comes from prefill, not from the fleet's size); TPOT while the
     # batch steps down at the cap, or below it while a pod may be tried or the one tried helped.
@@ -630,7 +625,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
             )
         else:
             tpot_pod_p99 = tpot
-            replicas_why = f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s below the cap"
+            replicas_why = f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s: one more pod"
     elif (
         down_since is not None
         and down_target is not None
@@ -667,7 +662,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         )
     elif tpot_futile:
         unattainable = (
-            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s below the cap, and one more pod did "
+            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s, and one more pod did "
             "not lower it: no fleet size meets it"
         )
     elif p.slo_e2e_s is not None and _above(obs.p99_service_seconds, p.slo_e2e_s) and not queueing:

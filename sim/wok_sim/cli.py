@@ -42,8 +42,6 @@ POLICIES: dict[str, str] = {
     "ablation: what the moving batch buys; not in `all`)",
     "wok-frozen-plan": "the law with its batch pinned at `wok plan`'s B_opt for the trace's mix "
     "(an ablation; not in `all`)",
-    "wok-start-cap": "the law with its batch starting at the cap instead of the spec's initial "
-    "batch, then moving as usual (not in `all`)",
     "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
     "(a search over replica counts, one simulation each)",
     "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",
@@ -126,6 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="overlay",
         help="scale by overlaying shifted copies of the trace, or by compressing its time",
     )
+    parser.add_argument(
+        "--splice",
+        metavar="TRACE@START-END",
+        help="requests arriving between START and END seconds take TRACE's lengths (a context "
+        "mix that shifts mid-run; the arrivals stay)",
+    )
     parser.add_argument("--duration", type=float, metavar="S", help="simulate the first S seconds")
     parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
     parser.add_argument(
@@ -181,7 +185,7 @@ def _simulate(name: str, index: int) -> PolicyResult:
 
 def run(args: argparse.Namespace) -> int:
     from wok_contracts.profile import load_profile
-    from wok_contracts.traces import load_trace, scale_rate
+    from wok_contracts.traces import load_trace, parse_splice, scale_rate, splice
     from wok_sim.fleet import FleetConfig
     from wok_sim.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext, load_registry, resolve
@@ -195,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
     rate_scale = rate_scale_of(args.trace, args.rate_scale)
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, mode=args.rate_mode, seed=args.seed)
+    if args.splice:
+        ref, start_s, end_s = parse_splice(args.splice)
+        requests = splice(requests, load_trace(ref, seed=args.seed), start_s, end_s, seed=args.seed)
     if not 0.0 <= args.scrape_failure < 1.0:
         raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
     config = FleetConfig(

@@ -1,8 +1,7 @@
 """The `wok` and `sign-step` policies: the operator's own control law, driven by the simulator; and
 the batch knob's two ablations, `wok-frozen-cap` and `wok-frozen-plan`: the same law with its
 batch pinned (at min(B_max, B_mem), or at `wok plan`'s B_opt for the trace's mix) every tick, so
-that what the moving batch buys is measured on the same arrivals. `wok-start-cap` is the law
-with its batch starting at the cap instead of the spec's initial batch (then moving as usual).
+that what the moving batch buys is measured on the same arrivals.
 
 No copy of the law: the spec is an `InferenceServiceSpec` (defaults, plus the SLOs and replica
 limits of the run), the parameters come from `LawParams.from_spec`, each tick goes through the
@@ -63,7 +62,7 @@ class LawPolicy:
         self.interval_s = float(self.spec.scaling.interval_seconds)
         self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
-        self.state = replace(self.state, batch=self.pinned(params.batch_cap))
+        self.state = replace(self.state, batch=self.pinned(self.state.batch, params.batch_cap))
 
     def batch_mem(self, mean_sequence_tokens: float | None) -> int:
         """B_mem as the operator sizes it (`handlers.budget_in_force`) from the same signal; without
@@ -74,9 +73,10 @@ class LawPolicy:
     def start(self) -> Action:
         return Action(batch=self.state.batch, replicas=self.state.replicas, reason="initial state")
 
-    def pinned(self, cap: int) -> int:
-        """The batch the law runs with: its own, or the ablation's pin (never above the cap)."""
-        return self.state.batch if self.pinned_batch is None else min(self.pinned_batch, cap)
+    def pinned(self, batch: int, cap: int) -> int:
+        """The batch the law runs with: the one it chose, or the ablation's pin (never above the
+        cap)."""
+        return batch if self.pinned_batch is None else min(self.pinned_batch, cap)
 
     def decide(self, view: FleetView) -> Action:
         result = control_tick(
@@ -90,7 +90,8 @@ class LawPolicy:
         )
         decision = result.decision
         # An ablation overrides the batch of every decision and leaves the replica rule alone.
-        self.state = replace(decision.state, batch=self.pinned(result.params.batch_cap))
+        batch = self.pinned(decision.batch, result.params.batch_cap)
+        self.state = replace(decision.state, batch=batch)
         return Action(batch=self.state.batch, replicas=decision.replicas, reason=decision.reason)
 
 
@@ -119,15 +120,7 @@ def _frozen_plan(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok-frozen-plan", decide, ctx, pinned_batch=plan_batch(ctx))]
 
 
-def _start_cap(ctx: PolicyContext) -> list[Policy]:
-    policy = LawPolicy("wok-start-cap", decide, ctx)
-    cap = LawParams.from_spec(policy.spec, batch_mem=policy.batch_mem(None)).batch_cap
-    policy.state = replace(policy.state, batch=cap)
-    return [policy]
-
-
 register("wok-frozen-cap", PolicyEntry(variants=_frozen_cap, in_all=False))
-register("wok-start-cap", PolicyEntry(variants=_start_cap, in_all=False))
 register("wok-frozen-plan", PolicyEntry(variants=_frozen_plan, in_all=False))
 
 

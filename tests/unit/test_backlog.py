@@ -3,6 +3,8 @@ with the law only on the deadline opt-in, and shown in status."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from wok_contracts.signals import Observation, PodView, ServiceSignals
@@ -146,7 +148,8 @@ def test_pods_starting_count_as_the_answer():
 
 def test_a_scale_down_the_backlog_still_needs_is_held():
     params = LawParams.from_spec(SPEC, batch_mem=BATCH_MEM)
-    before = state(replicas=4, down_since=0.0, down_target=1)
+    # At its cap the batch holds (a batch that moves blocks a scale-down that tick).
+    before = replace(state(replicas=4, down_since=0.0, down_target=1), batch=params.batch_cap)
     obs = Observation(
         queue_per_replica=0.0,
         kv_usage=0.1,

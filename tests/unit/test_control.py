@@ -221,26 +221,36 @@ def obs(
     )
 
 
-def test_the_batch_step_doubles_while_the_queue_stays_long_and_resets_when_it_holds():
+def test_the_batch_rests_at_its_cap_while_tpot_is_within_its_slo():
+    """A batch below its cap only queues what a pod could run: it goes back to the cap in one
+    step, queue or not, once TPOT is within its SLO and no decrease is within the window."""
     params = default_params(batch_step=4)
-    state = LoopState(batch=8, replicas=1)
-    batches = []
-    for tick in range(4):
-        d = decide(state, obs(30, running=state.batch), params, now=tick * 5.0)
-        batches.append(d.batch)
-        state = d.state
-    assert batches == [12, 20, 36, 68]
-    held = decide(state, obs(0, running=20), params, now=25.0)
-    assert held.batch == 68 and held.state.batch_run == 0
-    again = decide(held.state, obs(30, running=68), params, now=30.0)
-    assert again.batch == 72
+    d = decide(LoopState(batch=8, replicas=1), obs(30, running=8), params, now=0)
+    assert d.batch == params.batch_cap == 200 and "rests at its cap" in d.reason
+    assert decide(LoopState(batch=32, replicas=1), obs(0, running=5), params, now=0).batch == 200
+    lowered = LoopState(batch=32, replicas=1, last_batch_decrease=0.0)
+    held = decide(lowered, obs(30, running=32), params, now=30)
+    assert held.batch == 32 and "within the window" in held.reason
+    assert decide(lowered, obs(30, running=32), params, now=60).batch == 200
 
 
-def test_a_tpot_breach_steps_the_batch_down_once_per_window_never_on_e2e_or_ttft():
+def test_a_tpot_breach_at_the_cap_asks_for_a_pod_before_a_smaller_batch():
+    """A smaller cap sends what it no longer runs to the queue: while another pod may lower the
+    P99, the batch holds and the pod is asked for."""
     params = default_params(batch_step=4, scale_up_window_s=15)
     state = LoopState(batch=64, replicas=2)
+    d = decide(state, obs(0, running=60, ready=2, tpot=0.3), params, now=0)
+    assert d.batch == 64 and d.replicas == 3 and "one more pod" in d.reason
+    # At the most pods allowed, the batch is what is left.
+    full = decide(state, obs(0, running=60, ready=2, tpot=0.3), replace(params, replicas_max=2), 0)
+    assert full.batch == 60
+
+
+def test_a_tpot_breach_pods_did_not_fix_steps_the_batch_down_once_per_window():
+    params = default_params(batch_step=4, scale_up_window_s=15)
+    state = LoopState(batch=64, replicas=2, tpot_pod_p99=0.3, tpot_futile=True)
     down = decide(state, obs(0, running=60, ready=2, tpot=0.3), params, now=0)
-    assert down.batch == 60 and "TPOT" in down.reason
+    assert down.batch == 60 and "pods did not fix it" in down.reason
     waiting = decide(down.state, obs(0, running=60, ready=2, tpot=0.3), params, now=5)
     assert waiting.batch == 60 and "waiting for the last step" in waiting.reason
     later = decide(waiting.state, obs(0, running=60, ready=2, tpot=0.3), params, now=60)
@@ -479,8 +489,8 @@ def test_converges_from_any_start_under_steady_load(params, demand, start_batch,
     # Each replica step (at most maxStep) may wait a window: enough for the whole way up or down.
     windows = (start_replicas + params.replicas_max) // params.replicas_max_step + 3
     ticks = int(windows * (params.scale_down_window_s + params.scale_up_window_s + interval) / 5)
-    # ... and the batch's own ramp: one tick per doubling of its step, from 1 to the cap.
-    ticks += math.ceil(math.log2(params.batch_cap + 1)) + 2
+    # ... and the batch's own way up: one tick to the cap.
+    ticks += 2
     history: list[Decision] = []
     for tick in range(ticks + 100):
         d = decide(state, steady_plant(demand, state), params, now=tick * interval)
@@ -495,7 +505,7 @@ def test_the_batch_rises_as_the_cap_binds_before_any_pod_is_added():
     the cap the batch can reach, so no pod is added for what a bigger batch holds."""
     params = default_params(scale_up_window_s=0, target_utilization=0.6)
     d = decide(LoopState(batch=32, replicas=1), obs(0, running=30), params, now=0)
-    assert d.batch > 32 and "near the cap" in d.reason
+    assert d.batch > 32 and "rests at its cap" in d.reason
     assert d.replicas == 1 and d.desired_replicas == 1  # 30 of 0.6 · 200 slots
 
 
@@ -520,7 +530,8 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
     assert state.service_rate == 10.0  # 20 completions/s over 2 pods at their final cap
     # slots: 480 seqs over 0.5 · 200 → 5; throughput: (20 + 80 / 60) / (0.5 · 10) → 5
     assert d.desired_replicas == 5, d.reason
-    # Below its cap the same queue is the batch's to fix: the batch rises, nothing is learnt.
+    # Below its cap the same queue is the batch's to fix: the batch goes to its cap, and nothing
+    # is learnt before the queue has lasted there.
     below = LoopState(batch=100, replicas=2)
     for now in (0.0, 10.0):
         o = Observation(
@@ -533,7 +544,7 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
             rejected_per_s=0.0,
         )
         below = decide(below, o, params, now).state
-    assert 100 < below.batch < 200 and below.service_rate is None
+    assert below.batch == 200 and below.service_rate is None
 
 
 def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():

@@ -191,7 +191,7 @@ def test_state_round_trips_through_status():
     status = decision_status(d, long_queue, previous_conditions=None, generation=1, now="t")
     restored = state_from_status(status, SPEC, params)
     assert restored == d.state
-    assert status["lastDecision"]["batch"] == {"from": 32, "to": 36}
+    assert status["lastDecision"]["batch"] == {"from": 32, "to": params.batch_cap}  # its cap, 52
     assert status["lastDecision"]["inputs"]["desiredReplicas"] == d.desired_replicas
     types = {c["type"]: c["status"] for c in status["conditions"]}
     assert types["Ready"] == "True" and types["MetricsUnavailable"] == "False"

@@ -59,12 +59,20 @@ def test_table_and_plots(capsys, tmp_path):
         ["--slo-ttft", "-1"],
         ["--trace", "poisson:x"],
         ["--jobs", "0"],
+        ["--splice", "poisson:1:60@60"],
+        ["--splice", "poisson:1:60@60-30"],
+        ["--splice", "/nonexistent/trace.jsonl@0-60"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, flags):
     assert main([*SHORT, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("wok simulate: error:") and "\n" not in err
+
+
+def test_simulate_runs_a_spliced_trace(capsys):
+    assert main([*SHORT, "--json", "--splice", "poisson:1:60@30-90"]) == 0
+    assert json.loads(capsys.readouterr().out)["policies"]["wok"]["gpu_hours"] > 0
 
 
 def test_a_bad_choice_is_an_argparse_error():

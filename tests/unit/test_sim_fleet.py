@@ -142,14 +142,13 @@ def test_prefix_caching_changes_the_fleet_the_law_asks_for():
 
 def test_the_batch_ablations_pin_the_batch_and_keep_the_law_for_the_replicas():
     """`wok-frozen-cap` runs at min(B_max, B_mem) and `wok-frozen-plan` at the planner's B_opt
-    on every tick; `wok` moves its batch from the spec's initial one, `wok-start-cap` from
-    the cap."""
+    on every tick; `wok` moves its batch from the spec's initial one."""
     requests = tuple(poisson(20.0, 120.0, seed=3))
     ctx = context(requests=requests)
     registry = load_registry()
     b_opt = wok_policy.plan_batch(ctx)
     runs = {}
-    for name in ("wok", "wok-frozen-cap", "wok-frozen-plan", "wok-start-cap"):
+    for name in ("wok", "wok-frozen-cap", "wok-frozen-plan"):
         policy = registry[name].variants(ctx)[0]
         assert isinstance(policy, wok_policy.LawPolicy) and policy.law is control.decide
         runs[name] = simulate_fleet(list(requests), policy, FleetConfig(PROFILE, seed=3))
@@ -158,7 +157,6 @@ def test_the_batch_ablations_pin_the_batch_and_keep_the_law_for_the_replicas():
     assert max(caps) <= cap and len(caps) <= 2  # B_mem settles once a mean length is observed
     assert {t.batch for t in runs["wok-frozen-plan"].timeline} == {min(b_opt, c) for c in caps}
     assert runs["wok"].timeline[0].batch == 32  # the spec's initial batch, its own to move
-    assert runs["wok-start-cap"].timeline[0].batch == runs["wok-frozen-cap"].timeline[0].batch
 
 
 def test_attainment_counts_every_request_and_misses_those_never_served():

@@ -13,10 +13,12 @@ from wok_contracts.traces import (
     TraceRequest,
     clip_to_model,
     load_trace,
+    parse_splice,
     poisson,
     read_azure,
     read_mooncake,
     scale_rate,
+    splice,
 )
 
 AZURE_HEAD = Path(__file__).parents[1] / "data" / "azure_llm_2023_code_head.csv"
@@ -157,3 +159,24 @@ def test_prefix_blocks_survive_clipping_and_compression_and_copies_share_only_sh
     new_ids = [i for r in copies for i in r.hash_ids if i != 0]
     assert min(new_ids) > 6 and len(new_ids) == len(set(new_ids)) == 2 + 2 + 2 + 2 + 2 + 2
     assert sorted(r.hash_ids[0] == 0 for r in copies) == [False] * 2 + [True] * 4
+
+
+def test_splice_shifts_the_mix_inside_its_window_and_keeps_the_arrivals():
+    short = [TraceRequest(float(t), 100, 10, (t,)) for t in range(10)]
+    long = [TraceRequest(0.0, 8000, 500), TraceRequest(0.0, 6000, 300)]
+    out = splice(short, long, 3.0, 6.0, seed=1)
+    assert [r.arrival_s for r in out] == [r.arrival_s for r in short]
+    inside = [r for r in out if 3.0 <= r.arrival_s < 6.0]
+    assert {r.prompt_tokens for r in inside} == {8000, 6000}
+    assert all(r.hash_ids == () for r in inside)
+    assert [r for r in out if not 3.0 <= r.arrival_s < 6.0] == short[:3] + short[6:]
+
+
+@pytest.mark.parametrize(
+    "text", ["trace.jsonl@600", "trace.jsonl@a-b", "trace.jsonl", "t.jsonl@600-300"]
+)
+def test_a_bad_splice_is_a_value_error(text):
+    with pytest.raises(ValueError, match="splice"):
+        start_s, end_s = parse_splice(text)[1:]
+        splice([TraceRequest(0.0, 1, 1)], [TraceRequest(0.0, 1, 1)], start_s, end_s)
+    assert parse_splice("a@b.jsonl@600-1200") == ("a@b.jsonl", 600.0, 1200.0)
