@@ -156,7 +156,9 @@ class BatchingSpec(ApiModel):
         default=4,
         ge=1,
         le=1024,
-        description="η_B: the batch step per control tick (doubles while the direction repeats).",
+        description=(
+            "η_B: the batch step down, once per SLO window, on a TPOT breach a pod did not fix."
+        ),
     )
     max_num_batched_tokens: int = Field(default=2048, ge=16, le=1 << 20)
     batch_lane_max_batch_size: int | None = Field(

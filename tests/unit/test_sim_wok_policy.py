@@ -3,10 +3,10 @@ a pinned batch stays pinned."""
 
 from __future__ import annotations
 
+from wok_contracts.profile import load_profile
+from wok_contracts.traces import Phase, scripted
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.policies import PolicyContext, load_registry
-from wok_sim.profile import load_profile
-from wok_sim.traces import Phase, scripted
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
 # Quiet, then a load that fills a small batch: the law raises its batch on the queue.
