@@ -55,6 +55,8 @@ def steady_service(wok_kubeconfig, wok_namespace):
         "spec": {
             "model": {"source": "builtin:tiny"},
             "scaling": {"minReplicas": 2},
+            # at its cap already: a steady service's law holds both knobs
+            "batching": {"maxBatchSize": 8, "initialBatchSize": 8},
             "slo": {"ttftP99Seconds": 2.0},
             "metrics": {"prometheusUrl": URL},
         },
