@@ -65,7 +65,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from autoscale_manifests import scaled_object, service_spec
 from autoscale_replay import Fleet, replay, summarize
@@ -94,6 +93,7 @@ from wok_cluster.keda import Keda
 from wok_cluster.kubeapi import KubeApi, KubeError
 from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
+from wok_cluster.waiting import GiveUp, wait_until
 from wok_runtime.bench_http import RequestSpec
 
 # --- the simulator beside the cluster ----------------------------------------------------------
@@ -172,21 +172,6 @@ class Operator:
             self.popen.wait(10)
 
 
-def wait_until(probe: Any, what: str, timeout: float, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except (KubeError, httpx.HTTPError) as error:
-            last = error
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what} (last error: {last!r})")
-        time.sleep(interval)
-
-
 def hpa_events(api: KubeApi, namespace: str) -> list[str]:
     events = api.get(
         f"/api/v1/namespaces/{namespace}/events",
@@ -233,14 +218,12 @@ def run_policy(
 
             def fleet_ready() -> bool:
                 if operator.popen.poll() is not None:
-                    raise RuntimeError(f"the operator exited ({operator.popen.returncode})")
+                    raise GiveUp(f"the operator exited ({operator.popen.returncode})")
                 fleet.list_pods()
                 return len(fleet.ready) >= initial
 
             wait_until(
-                fleet_ready,
-                "the initial fleet",
-                s.load_seconds + 240,
+                fleet_ready, timeout=s.load_seconds + 240, what="the initial fleet", interval=1.0
             )
             ready_s = time.monotonic() - started_wall
             if policy == "wok":
@@ -251,7 +234,7 @@ def run_policy(
                     f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
                     scaled_object(policy, namespace, prometheus.url, s),
                 )
-                wait_until(lambda: api.get(hpa_path), "KEDA's HPA", 60)
+                wait_until(lambda: api.get(hpa_path), timeout=60, what="KEDA's HPA", interval=1.0)
             print(
                 f"[{policy}] fleet ready after {ready_s:.0f} s; replaying {len(specs)} requests"
                 f" over {s.minutes:g} min",
