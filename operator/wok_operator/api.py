@@ -22,6 +22,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$"
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+# A GPU's memory with its unit: a bare `80` is a valid quantity (80 bytes) that nobody means.
+BYTES_WITH_UNIT_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)$"
+BytesWithUnit = Annotated[str, Field(pattern=BYTES_WITH_UNIT_PATTERN)]
 Dtype = Literal["float32", "float16", "bfloat16"]
 
 
@@ -128,7 +131,9 @@ class RuntimeSpec(ApiModel):
         description="GPUs of one pod: above 1, the model is split over them by tensor "
         "parallelism (heads and MLP columns; they must divide by it).",
     )
-    gpu_memory: Quantity = Field(default="80Gi", description="Memory of one GPU.")
+    gpu_memory: BytesWithUnit = Field(
+        default="80Gi", description="Memory of one GPU, with its unit (80Gi, 141G)."
+    )
     cpu: Quantity = "2"
     memory: Quantity | None = Field(
         default=None,

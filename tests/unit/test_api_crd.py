@@ -50,6 +50,8 @@ def test_examples_are_valid(path):
         ({"model": {"source": "/models/llama", "volume": {"claimName": "m"}}}, "model.preset"),
         ({"batching": {"mode": "static", "maxNumBatchedTokens": 512}}, "cannot chunk"),
         ({"runtime": {"gpuMemory": "lots"}}, "String should match pattern"),
+        ({"runtime": {"gpuMemory": "80"}}, "String should match pattern"),
+        ({"runtime": {"gpuMemory": "80000m"}}, "String should match pattern"),
         ({"batching": {"maxBatchSize": 64, "typo": 1}}, "Extra inputs are not permitted"),
         ({"queue": {"priorityClasses": [{"name": "a", "priority": 0}] * 2}}, "must be unique"),
         ({"replicas": 3}, "one owner at a time"),
