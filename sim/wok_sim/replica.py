@@ -142,6 +142,7 @@ class SimReplica:
         fast: bool = True,
         start_s: float = 0.0,
         prefix_caching: bool = True,
+        token_budget: int | None = None,
     ) -> None:
         if mode not in ("continuous", "static"):
             raise ValueError(f"batching mode must be continuous or static, got {mode!r}")
@@ -164,6 +165,9 @@ class SimReplica:
         self.draining = False
         self.batch_cap = 1
         self.set_batch_cap(batch_cap)
+        self.token_budget = profile.step_token_budget
+        if token_budget is not None:
+            self.set_token_budget(token_budget)
         self.waiting: list[_Seq] = []  # in rank order (arrival), preempted ones re-inserted
         self.prefilling: list[_Seq] = []  # running, prompt not yet computed
         self.decoding: dict[int, _Seq] = {}  # running, one token per step (lazy)
@@ -183,6 +187,12 @@ class SimReplica:
         """Takes effect at the next step; lowering it only stops admissions (the runtime clamps
         to [1, KV blocks], never refuses)."""
         self.batch_cap = min(max(1, int(batch_cap)), self.num_blocks)
+
+    def set_token_budget(self, token_budget: int) -> None:
+        """The step token budget (`max_num_batched_tokens`), from the next step on; clamped to
+        [1, the profile's budget], the most the runner sized its activations for, as the runtime
+        clamps it."""
+        self.token_budget = min(max(1, int(token_budget)), self.profile.step_token_budget)
 
     @property
     def num_running(self) -> int:
@@ -371,7 +381,7 @@ class SimReplica:
         n = len(self.decoding)
         if self.mode == "static" or n >= self.batch_cap:
             return True
-        budget = self.profile.step_token_budget - n
+        budget = self.token_budget - n
         if budget <= 0:
             return True
         head = self.waiting[0]
@@ -385,7 +395,7 @@ class SimReplica:
     def _jump(self, t: float) -> bool:
         """Fast-forwards a stretch of decode-only steps; False when the next step is not one."""
         n = len(self.decoding)
-        if self.prefilling or not n or n > self.profile.step_token_budget:
+        if self.prefilling or not n or n > self.token_budget:
             return False
         if not self._admission_blocked():
             return False
@@ -476,7 +486,7 @@ class SimReplica:
         self.decoding = {}
         self._clear_decoding()
         alive = set(id(s) for s in running)
-        budget = self.profile.step_token_budget
+        budget = self.token_budget
         chosen: dict[int, tuple[_Seq, int]] = {}  # id -> (seq, tokens this step), in order
         ranked = sorted(running, key=lambda s: s.key)
         order = [s for s in ranked if s.uncomputed == 1] + [s for s in ranked if s.uncomputed > 1]
