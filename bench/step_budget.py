@@ -10,6 +10,7 @@ favours the rule).
 
     .venv/bin/python bench/step_budget.py                 # about 20 min on one core
     .venv/bin/python bench/step_budget.py --only spikes
+    .venv/bin/python bench/step_budget.py --rules wok-step-budget-1024 --out step_budget_1024
 
 Writes bench/results/<out>.md and .json.
 """
@@ -31,7 +32,7 @@ from wok_contracts.profile import load_profile
 from wok_sim.cli import DEFAULT_PROFILE
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = "wok-fixed-budget,wok-step-budget"
+CONTROL = "wok-fixed-budget"
 BASE = (
     "ramps, TPOT 0.03",
     "ramps, TPOT 0.05",
@@ -66,15 +67,19 @@ def wide_profile(folder: Path) -> Path:
     return path
 
 
-def deltas(results: dict[str, dict[str, dict]]) -> str:
-    """Rule minus control per condition: attainment points and GPU-h ratio."""
-    lines = ["| condition | Δ attainment (points) | GPU-h rule / fixed |", "|---|---|---|"]
+def deltas(results: dict[str, dict[str, dict]], rule: str) -> str:
+    """`rule` against the control per condition: attainment points and GPU-h ratio."""
+    lines = [
+        f"`{rule}` against `{CONTROL}`:\n",
+        "| condition | Δ attainment (points) | GPU-h rule / fixed |",
+        "|---|---|---|",
+    ]
     points = []
     for name, row in results.items():
-        fixed, rule = row["wok-fixed-budget"], row["wok-step-budget"]
-        d = 100 * (rule["slo_attainment"] - fixed["slo_attainment"])
+        fixed, moved = row[CONTROL], row[rule]
+        d = 100 * (moved["slo_attainment"] - fixed["slo_attainment"])
         points.append(d)
-        ratio = rule["gpu_hours"] / fixed["gpu_hours"] if fixed["gpu_hours"] else float("nan")
+        ratio = moved["gpu_hours"] / fixed["gpu_hours"] if fixed["gpu_hours"] else float("nan")
         lines.append(f"| {name} | {d:+.2f} | {ratio:.3f} |")
     lines.append(
         f"| **median / min / max** | {statistics.median(points):+.2f} / {min(points):+.2f} / "
@@ -86,13 +91,16 @@ def deltas(results: dict[str, dict[str, dict]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run the conditions whose name has this")
+    parser.add_argument(
+        "--rules", default="wok-step-budget", help="the budget rules to run beside the control"
+    )
     parser.add_argument("--out", default="step_budget")
     args = parser.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as folder:
         profile = wide_profile(Path(folder))
         results = {
-            name: simulate(run, POLICIES)
+            name: simulate(run, f"{CONTROL},{args.rules}")
             for name, run in runs(profile).items()
             if args.only in name
         }
@@ -102,7 +110,10 @@ def main() -> int:
         f"Made by `.venv/bin/python bench/step_budget.py {command}` in "
         f"{time.monotonic() - started:.0f} s: each cell is all-SLO attainment, GPU-h of `wok "
         "simulate <condition> --cold-start 90 --profile <default, runner sized for 8192 tokens> "
-        "--policy <policy>`.\n\n" + table(results) + "\n\n" + deltas(results) + "\n"
+        "--policy <policy>`.\n\n"
+        + table(results)
+        + "".join(f"\n\n{deltas(results, rule)}" for rule in args.rules.split(","))
+        + "\n"
     )
     results_dir = ROOT / "bench" / "results"
     (results_dir / f"{args.out}.md").write_text(text)

@@ -4,7 +4,8 @@ The budget sets how large a prefill chunk rides in one step: larger chunks finis
 fewer steps (lower TTFT, fewer fixed step costs) but stretch every step a decode shares with them
 (higher TPOT). `wok-step-budget` is the law with a rule on top that moves the budget on the SLO
 the budget trades: halve it on a TPOT breach, before the batch (the law's batch step down is
-held that tick), and double it on a TTFT breach while TPOT has slack. `wok-fixed-budget` is the
+held that tick), and double it on a TTFT breach while TPOT has slack; `wok-step-budget-1024` is
+the milder rule that never goes below 1024 (one step down). `wok-fixed-budget` is the
 same law with the budget pinned at the InferenceService default, the control for the rule:
 both run on the same arrivals, so a difference is what the moving budget buys
 (`bench/step_budget.py`).
@@ -56,12 +57,21 @@ class BudgetLawPolicy:
 
     fixed_batch: int | None = None
 
-    def __init__(self, name: str, law: LawPolicy, ctx: PolicyContext, *, moves: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        law: LawPolicy,
+        ctx: PolicyContext,
+        *,
+        moves: bool,
+        floor: int = BUDGET_FLOOR,
+    ) -> None:
         self.name = name
         self.law = law
         self.interval_s = law.interval_s
         self.moves = moves
         self.ceiling = ctx.profile.step_token_budget
+        self.floor = min(floor, self.ceiling)
         self.token_budget = min(law.spec.batching.max_num_batched_tokens, self.ceiling)
 
     def start(self) -> Action:
@@ -80,7 +90,7 @@ class BudgetLawPolicy:
                 p99_tpot_s=result.observation.p99_tpot_seconds,
                 slo_ttft_s=law.spec.slo.ttft_p99_seconds,
                 slo_tpot_s=law.spec.slo.tpot_p99_seconds,
-                floor=min(BUDGET_FLOOR, self.ceiling),
+                floor=self.floor,
                 ceiling=self.ceiling,
             )
             if budget < self.token_budget:  # the budget steps down first: the batch holds
@@ -105,9 +115,14 @@ def _step_budget(ctx: PolicyContext) -> list[Policy]:
     return [BudgetLawPolicy("wok-step-budget", _wok(ctx), ctx, moves=True)]
 
 
+def _step_budget_1024(ctx: PolicyContext) -> list[Policy]:
+    return [BudgetLawPolicy("wok-step-budget-1024", _wok(ctx), ctx, moves=True, floor=1024)]
+
+
 def _fixed_budget(ctx: PolicyContext) -> list[Policy]:
     return [BudgetLawPolicy("wok-fixed-budget", _wok(ctx), ctx, moves=False)]
 
 
 register("wok-step-budget", PolicyEntry(variants=_step_budget, in_all=False))
+register("wok-step-budget-1024", PolicyEntry(variants=_step_budget_1024, in_all=False))
 register("wok-fixed-budget", PolicyEntry(variants=_fixed_budget, in_all=False))
