@@ -1,16 +1,17 @@
 """One runtime pod, iteration by iteration, with the runtime scheduler's semantics and none of its
 tensors: the fleet simulator runs dozens of these for an hour of trace in seconds.
 
-The semantics are `wok_runtime.scheduler`'s (its docstring is the reference): every step the
-running sequences go first (decodes, then prefill chunks, oldest first), then waiting requests are
-admitted in arrival order while the running count is under the batch cap B, the step's token
-budget lasts and KV blocks are free. Prompts are prefilled in chunks. KV is held in blocks; when a
-sequence cannot grow, the newest running one is preempted by recompute (blocks freed, back to the
-queue, its prompt and generated tokens recomputed as prompt). The queue is bounded (a request
+The semantics are `wok_runtime.scheduler`'s (its docstring is the reference): every step the running
+sequences go first (decodes, then prefill chunks, oldest first), then waiting requests are admitted
+in arrival order while the running count is under the batch cap B, the step's token budget lasts and
+KV blocks are free. Prompts are prefilled in chunks. The cap and the budget are live
+(`set_batch_cap`, `set_token_budget`), as the runtime's admin API sets them. KV is held in blocks;
+when a sequence cannot grow, the newest running one is preempted by recompute (blocks freed, back to
+the queue, its prompt and generated tokens recomputed as prompt). The queue is bounded (a request
 beyond it is rejected: HTTP 429) and a request never admitted within the queue timeout ends as a
 timeout. Queue timeouts are checked at the top of each step, as the engine does. `static` mode
-admits a whole batch only when nothing runs and B requests wait or the oldest waited
-`max_wait_ms`, and runs it to completion. A step costs what the profile says.
+admits a whole batch only when nothing runs and B requests wait or the oldest waited `max_wait_ms`,
+and runs it to completion. A step costs what the profile says.
 
 Automatic prefix caching, from a trace's `hash_ids` (Mooncake's 512-token blocks): a request
 admitted starts after the longest run of its leading blocks that the replica's cache holds, as
