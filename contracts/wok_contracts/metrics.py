@@ -6,7 +6,8 @@ may import them. The runtime's collector (`wok_runtime.metrics`, which does impo
 prometheus_client) registers exactly these.
 
 The vLLM-compatible names (`vllm:…`) keep existing vLLM dashboards and autoscaler queries working
-against wok; the `wok_…` names are what only wok has (the live batch cap, the per-step batch size).
+against wok; the `wok_…` names are what only wok has (the live batch cap and step token budget, the
+per-step batch size).
 
 Two lanes (scheduler.py): every `vllm:…` series and `wok_rejected_requests`, `wok_queue_length`
 describe the online lane only, so the operator's autoscaling and the SLO alerts never see an
@@ -46,6 +47,8 @@ REQUEST_SUCCESS = "vllm:request_success"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 MAX_BATCH_SIZE = "wok_max_batch_size"
+# The live step token budget (chunked prefill: prompt and decode tokens per engine step).
+MAX_NUM_BATCHED_TOKENS = "wok_max_num_batched_tokens"
 BATCH_SIZE = "wok_batch_size"
 REJECTED_REQUESTS = "wok_rejected_requests"
 QUEUE_LENGTH = "wok_queue_length"
@@ -172,6 +175,11 @@ _SPECS = (
         "Prefix cache hits, in prompt tokens found cached (their prefill skipped).",
     ),
     MetricSpec(MAX_BATCH_SIZE, "gauge", "The live cap on running sequences (admin API)."),
+    MetricSpec(
+        MAX_NUM_BATCHED_TOKENS,
+        "gauge",
+        "The live step token budget: prompt and decode tokens per engine step (admin API).",
+    ),
     MetricSpec(
         BATCH_SIZE, "histogram", "Running sequences per engine step.", buckets=BATCH_SIZE_BUCKETS
     ),

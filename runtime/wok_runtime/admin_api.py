@@ -34,6 +34,7 @@ def add_admin_routes(app: FastAPI, server: Server) -> None:
             max_num_batched_tokens=b.max_num_batched_tokens,
             mode=str(b.mode),
             capacity=b.capacity,
+            max_num_batched_tokens_limit=b.max_num_batched_tokens_limit,
         )
 
     @app.get(
@@ -62,7 +63,9 @@ def add_admin_routes(app: FastAPI, server: Server) -> None:
             raise RequestValidationError(error.errors()) from error
         try:
             engine.set_batching(
-                max_batch_size=update.max_batch_size, max_wait_ms=update.max_wait_ms
+                max_batch_size=update.max_batch_size,
+                max_wait_ms=update.max_wait_ms,
+                max_num_batched_tokens=update.max_num_batched_tokens,
             )
         except ValueError as error:
             raise APIError(422, str(error)) from error

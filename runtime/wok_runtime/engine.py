@@ -111,6 +111,7 @@ class EngineStats:
     kv_blocks_free: int
     kv_usage: float
     max_batch_size: int
+    max_num_batched_tokens: int  # the step token budget in effect
     num_preemptions_total: int
     completed_total: int
     recent_completion_rate: float
@@ -151,10 +152,10 @@ class LLMEngine:
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's limit of {runner_max}"
             )
-        # The runner sized its activations for a step budget; the engine never exceeds it.
-        self.max_num_batched_tokens = min(
-            config.max_num_batched_tokens,
-            getattr(runner, "max_num_batched_tokens", None) or config.max_num_batched_tokens,
+        # The runner sized its activations for a step budget; the engine never exceeds it, at
+        # start or live.
+        budget_limit = (
+            getattr(runner, "max_num_batched_tokens", None) or config.max_num_batched_tokens
         )
         self.vocab_size: int = runner.config.vocab_size
         self.block_manager = BlockManager(
@@ -167,7 +168,8 @@ class LLMEngine:
             mode=config.mode,
             max_batch_size=config.max_batch_size,
             max_wait_ms=config.max_wait_ms,
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_batched_tokens=min(config.max_num_batched_tokens, budget_limit),
+            token_budget_limit=budget_limit,
             max_model_len=self.max_model_len,
             block_manager=self.block_manager,
             queue=RequestQueue(
@@ -285,11 +287,19 @@ class LLMEngine:
             return self._batching()
 
     def set_batching(
-        self, *, max_batch_size: int | None = None, max_wait_ms: int | None = None
+        self,
+        *,
+        max_batch_size: int | None = None,
+        max_wait_ms: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> BatchingParams:
         """Changes the live parameters (from the next step on); returns them as clamped."""
         with self._wake:
-            self.scheduler.set_batching(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+            self.scheduler.set_batching(
+                max_batch_size=max_batch_size,
+                max_wait_ms=max_wait_ms,
+                max_num_batched_tokens=max_num_batched_tokens,
+            )
             self._wake.notify()
             return self._batching()
 
@@ -313,6 +323,7 @@ class LLMEngine:
                 kv_blocks_free=bm.num_free_blocks,
                 kv_usage=(bm.num_used_blocks - batch_blocks) / bm.num_blocks,
                 max_batch_size=sched.max_batch_size,
+                max_num_batched_tokens=sched.max_num_batched_tokens,
                 num_preemptions_total=sched.preemptions["online"],
                 completed_total=self._completed_total,
                 recent_completion_rate=queue.completions.rate(self._clock()),
@@ -331,17 +342,23 @@ class LLMEngine:
     def mode(self) -> Mode:
         return self.config.mode
 
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The step token budget in effect (live: `set_batching`)."""
+        return self.scheduler.max_num_batched_tokens
+
     # --- internals ----------------------------------------------------------------------------
 
     def _batching(self) -> BatchingParams:
         return BatchingParams(
             max_batch_size=self.scheduler.max_batch_size,
             max_wait_ms=self.scheduler.max_wait_ms,
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_batched_tokens=self.scheduler.max_num_batched_tokens,
             mode=self.config.mode,
             capacity=self.scheduler.capacity,
             kv_safe_batch_size=self.scheduler.kv_safe_batch_size,
             batch_lane_max_batch_size=self.scheduler.batch_lane_max_batch_size,
+            max_num_batched_tokens_limit=self.scheduler.token_budget_limit,
         )
 
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:

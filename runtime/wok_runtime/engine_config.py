@@ -1,7 +1,8 @@
 """The engine's configuration records, torch-free so the scheduler and the server can share them.
 
 `EngineConfig` is fixed at start; `BatchingParams` is the live, adjustable part that the admin API
-reads and writes (the operator's control loop moves `max_batch_size`).
+reads and writes (the operator's control loop moves `max_batch_size`; an admin may move the step
+token budget `max_num_batched_tokens`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class BatchingParams:
     up to it preemption cannot happen, above it the pool is overcommitted (preemption by
     recompute absorbs the overflow when sequences grow long). `batch_lane_max_batch_size`: the
     batch lane's cap while the online lane is idle (clamped to `capacity`).
+    `max_num_batched_tokens_limit`: the ceiling for `max_num_batched_tokens`, the step the model
+    runner sized its activations for.
     """
 
     max_batch_size: int
@@ -102,3 +105,4 @@ class BatchingParams:
     capacity: int
     kv_safe_batch_size: int = 0
     batch_lane_max_batch_size: int = 0
+    max_num_batched_tokens_limit: int = 0

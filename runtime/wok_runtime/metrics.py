@@ -32,6 +32,7 @@ from wok_contracts.metrics import (
     KV_CACHE_MEASURED_BYTES,
     KV_CACHE_USAGE_PERC,
     MAX_BATCH_SIZE,
+    MAX_NUM_BATCHED_TOKENS,
     METRICS,
     MODEL_LABEL,
     NUM_PREEMPTIONS,
@@ -198,6 +199,7 @@ class _EngineGauges:
         yield gauge(NUM_REQUESTS_RUNNING, s.num_running)
         yield gauge(KV_CACHE_USAGE_PERC, s.kv_usage)
         yield gauge(MAX_BATCH_SIZE, s.max_batch_size)
+        yield gauge(MAX_NUM_BATCHED_TOKENS, s.max_num_batched_tokens)
         yield counter(NUM_PREEMPTIONS, s.num_preemptions_total)
         yield counter(PREFIX_CACHE_QUERIES, s.prefix_cache_queries)
         yield counter(PREFIX_CACHE_HITS, s.prefix_cache_hits)

@@ -433,6 +433,8 @@ class BatchingUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     max_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
     max_wait_ms: int | None = Field(default=None, ge=0, le=600_000)
+    # The step token budget; above what the runner sized its activations for, it is clamped.
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
 
 
 class BatchingState(BaseModel):
@@ -443,6 +445,9 @@ class BatchingState(BaseModel):
     max_num_batched_tokens: int
     mode: str
     capacity: int = Field(description="the most sequences the KV cache can hold at once")
+    max_num_batched_tokens_limit: int = Field(
+        description="the largest step token budget: what the model runner sized its activations for"
+    )
 
 
 class Health(BaseModel):

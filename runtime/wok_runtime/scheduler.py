@@ -14,7 +14,10 @@ The cap is live (`set_batching`): lowering it stops admissions until the running
 below it (no preemption); raising it is clamped to `capacity` = the number of KV blocks (each
 running sequence holds at least one). Up to `kv_safe_batch_size` (how many `max_model_len`
 sequences the pool holds) preemption cannot happen; above it the pool is overcommitted and
-preemption absorbs the overflow. Two baseline modes share the interface: `static` admits a whole
+preemption absorbs the overflow. The token budget is live too: a new budget bounds the next
+step's chunks (a prompt part-way through its prefill goes on in chunks of the new size; nothing
+is dropped or reordered), clamped to [1, `token_budget_limit`], the most the model runner sized
+its activations for. Two baseline modes share the interface: `static` admits a whole
 batch only when nothing runs (when `max_batch_size` requests wait or the oldest has waited
 `max_wait_ms`) and runs it to completion; `serial` runs one request at a time.
 
@@ -110,8 +113,16 @@ class Scheduler:
         batch_queue: RequestQueue | None = None,
         batch_lane_max_batch_size: int | None = None,
         online_idle_grace_s: float = ONLINE_IDLE_GRACE_S,
+        token_budget_limit: int | None = None,
     ) -> None:
         self.mode = mode
+        # The ceiling of the live budget (None: the budget at start).
+        self.token_budget_limit = token_budget_limit or max_num_batched_tokens
+        if not 1 <= max_num_batched_tokens <= self.token_budget_limit:
+            raise ValueError(
+                f"max_num_batched_tokens must be in [1, {self.token_budget_limit}], "
+                f"got {max_num_batched_tokens}"
+            )
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.block_manager = block_manager
@@ -162,8 +173,13 @@ class Scheduler:
         max_batch_size: int | None = None,
         max_wait_ms: int | None = None,
         batch_lane_max_batch_size: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         """Takes effect at the next `schedule`. Values are clamped, never refused."""
+        if max_num_batched_tokens is not None:
+            self.max_num_batched_tokens = min(
+                max(1, max_num_batched_tokens), self.token_budget_limit
+            )
         if max_batch_size is not None:
             self.max_batch_size = (
                 1 if self.mode == "serial" else min(max(1, max_batch_size), self.capacity)

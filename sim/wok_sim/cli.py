@@ -42,6 +42,12 @@ POLICIES: dict[str, str] = {
     "ablation: what the moving batch buys; not in `all`)",
     "wok-frozen-plan": "the law with its batch pinned at `wok plan`'s B_opt for the trace's mix "
     "(an ablation; not in `all`)",
+    "wok-step-budget": "the law, plus a rule on the step token budget pushed to every pod: "
+    "halved on a TPOT breach before the batch may step down, doubled on a TTFT breach with TPOT "
+    "slack, in [256, the profile's step_token_budget], from 2048 (an experiment; not in `all`)",
+    "wok-step-budget-N": "the same rule, never below N tokens (wok-step-budget-1024; not in `all`)",
+    "wok-fixed-budget": "the law with the step token budget pinned at 2048: the control for "
+    "wok-step-budget (not in `all`)",
     "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
     "(a search over replica counts, one simulation each)",
     "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",

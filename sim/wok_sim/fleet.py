@@ -10,7 +10,8 @@ What it models, and why each matters to an autoscaler:
   (503, a miss).
 - Every `policy.interval_s` the policy sees a `FleetView` built from the emulated Prometheus (its
   pods' last scraped gauges, the operator's ServiceSignals over the SLO window) and its Action is
-  applied: the batch cap at once on every pod, the replica count through the Deployment.
+  applied: the batch cap (and the step token budget, when it sets one) at once on every pod, the
+  replica count through the Deployment.
 A timeline of every tick is kept for the plots. Pods present at t = 0 start ready (the service
 was running before the trace began).
 """
@@ -139,6 +140,7 @@ class _Fleet:
     pods: list[_Pod] = field(default_factory=list)
     events: list[tuple[float, int, int]] = field(default_factory=list)  # (time, pod id, kind)
     batch: int = 1
+    token_budget: int | None = None  # None: the profile's
     desired: int = 0
 
     READY, DRAIN_END = 0, 1
@@ -167,6 +169,7 @@ class _Fleet:
             fast=c.fast,
             start_s=now,
             prefix_caching=c.prefix_caching,
+            token_budget=self.token_budget,
         )
         self.pods.append(_Pod(pod_id, replica, now, "ready" if ready_now else "pending"))
         if not ready_now:
@@ -177,6 +180,10 @@ class _Fleet:
             self.batch = max(1, action.batch)
             for pod in self.live():
                 pod.replica.set_batch_cap(self.batch)
+        if action.token_budget is not None and action.token_budget != self.token_budget:
+            self.token_budget = action.token_budget
+            for pod in self.live():
+                pod.replica.set_token_budget(action.token_budget)
         self.desired = max(0, action.replicas)
         current = [p for p in self.pods if p.state in ("pending", "ready")]
         for _ in range(self.desired - len(current)):
@@ -236,6 +243,7 @@ def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetCo
     fleet = _Fleet(config)
     first = policy.start()
     fleet.batch = max(1, first.batch)
+    fleet.token_budget = first.token_budget
     fleet.desired = max(0, first.replicas)
     for _ in range(fleet.desired):
         fleet.create(0.0, ready_now=True)

@@ -63,7 +63,7 @@ class PolicyEntry:
 
 
 REGISTRY: dict[str, PolicyEntry] = {}
-POLICY_MODULES = ("wok_sim.wok_policy", "wok_sim.baselines")
+POLICY_MODULES = ("wok_sim.wok_policy", "wok_sim.baselines", "wok_sim.budget_policy")
 
 
 def register(name: str, entry: PolicyEntry) -> None:

@@ -3,9 +3,9 @@
 Every policy (wok's law, the plain sign-step, HPA, KEDA, static fleets) is driven the same way:
 every `interval_s` the simulator hands it a `FleetView` built from the emulated Prometheus (so it
 sees what the real one would: scraped gauges, `rate()` windows, `histogram_quantile` over the
-runtime's buckets) and applies the `Action` it returns: the batch cap is pushed to every pod at once
-(the runtime's admin API), the replica count goes to the Deployment (new pods start after the cold
-start; removed pods drain).
+runtime's buckets) and applies the `Action` it returns: the batch cap (and the step token budget,
+when the policy sets one) is pushed to every pod at once (the runtime's admin API), the replica
+count goes to the Deployment (new pods start after the cold start; removed pods drain).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class Action:
     batch: int
     replicas: int
     reason: str = ""
+    # The step token budget pushed to every pod (the admin API's max_num_batched_tokens);
+    # None leaves it where it is (the profile's, unless a policy moved it).
+    token_budget: int | None = None
 
 
 class Policy(Protocol):

@@ -1,16 +1,17 @@
 """One runtime pod, iteration by iteration, with the runtime scheduler's semantics and none of its
 tensors: the fleet simulator runs dozens of these for an hour of trace in seconds.
 
-The semantics are `wok_runtime.scheduler`'s (its docstring is the reference): every step the
-running sequences go first (decodes, then prefill chunks, oldest first), then waiting requests are
-admitted in arrival order while the running count is under the batch cap B, the step's token
-budget lasts and KV blocks are free. Prompts are prefilled in chunks. KV is held in blocks; when a
-sequence cannot grow, the newest running one is preempted by recompute (blocks freed, back to the
-queue, its prompt and generated tokens recomputed as prompt). The queue is bounded (a request
+The semantics are `wok_runtime.scheduler`'s (its docstring is the reference): every step the running
+sequences go first (decodes, then prefill chunks, oldest first), then waiting requests are admitted
+in arrival order while the running count is under the batch cap B, the step's token budget lasts and
+KV blocks are free. Prompts are prefilled in chunks. The cap and the budget are live
+(`set_batch_cap`, `set_token_budget`), as the runtime's admin API sets them. KV is held in blocks;
+when a sequence cannot grow, the newest running one is preempted by recompute (blocks freed, back to
+the queue, its prompt and generated tokens recomputed as prompt). The queue is bounded (a request
 beyond it is rejected: HTTP 429) and a request never admitted within the queue timeout ends as a
 timeout. Queue timeouts are checked at the top of each step, as the engine does. `static` mode
-admits a whole batch only when nothing runs and B requests wait or the oldest waited
-`max_wait_ms`, and runs it to completion. A step costs what the profile says.
+admits a whole batch only when nothing runs and B requests wait or the oldest waited `max_wait_ms`,
+and runs it to completion. A step costs what the profile says.
 
 Automatic prefix caching, from a trace's `hash_ids` (Mooncake's 512-token blocks): a request
 admitted starts after the longest run of its leading blocks that the replica's cache holds, as
@@ -142,6 +143,7 @@ class SimReplica:
         fast: bool = True,
         start_s: float = 0.0,
         prefix_caching: bool = True,
+        token_budget: int | None = None,
     ) -> None:
         if mode not in ("continuous", "static"):
             raise ValueError(f"batching mode must be continuous or static, got {mode!r}")
@@ -164,6 +166,9 @@ class SimReplica:
         self.draining = False
         self.batch_cap = 1
         self.set_batch_cap(batch_cap)
+        self.token_budget = profile.step_token_budget
+        if token_budget is not None:
+            self.set_token_budget(token_budget)
         self.waiting: list[_Seq] = []  # in rank order (arrival), preempted ones re-inserted
         self.prefilling: list[_Seq] = []  # running, prompt not yet computed
         self.decoding: dict[int, _Seq] = {}  # running, one token per step (lazy)
@@ -183,6 +188,12 @@ class SimReplica:
         """Takes effect at the next step; lowering it only stops admissions (the runtime clamps
         to [1, KV blocks], never refuses)."""
         self.batch_cap = min(max(1, int(batch_cap)), self.num_blocks)
+
+    def set_token_budget(self, token_budget: int) -> None:
+        """The step token budget (`max_num_batched_tokens`), from the next step on; clamped to
+        [1, the profile's budget], the most the runner sized its activations for, as the runtime
+        clamps it."""
+        self.token_budget = min(max(1, int(token_budget)), self.profile.step_token_budget)
 
     @property
     def num_running(self) -> int:
@@ -371,7 +382,7 @@ class SimReplica:
         n = len(self.decoding)
         if self.mode == "static" or n >= self.batch_cap:
             return True
-        budget = self.profile.step_token_budget - n
+        budget = self.token_budget - n
         if budget <= 0:
             return True
         head = self.waiting[0]
@@ -385,7 +396,7 @@ class SimReplica:
     def _jump(self, t: float) -> bool:
         """Fast-forwards a stretch of decode-only steps; False when the next step is not one."""
         n = len(self.decoding)
-        if self.prefilling or not n or n > self.profile.step_token_budget:
+        if self.prefilling or not n or n > self.token_budget:
             return False
         if not self._admission_blocked():
             return False
@@ -476,7 +487,7 @@ class SimReplica:
         self.decoding = {}
         self._clear_decoding()
         alive = set(id(s) for s in running)
-        budget = self.profile.step_token_budget
+        budget = self.token_budget
         chosen: dict[int, tuple[_Seq, int]] = {}  # id -> (seq, tokens this step), in order
         ranked = sorted(running, key=lambda s: s.key)
         order = [s for s in ranked if s.uncomputed == 1] + [s for s in ranked if s.uncomputed > 1]

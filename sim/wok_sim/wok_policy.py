@@ -17,7 +17,7 @@ from dataclasses import replace
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
 from wok_operator.control import LawParams, decide, decide_sign_step
-from wok_operator.loop import Law, control_tick, initial_state
+from wok_operator.loop import Law, TickResult, control_tick, initial_state
 from wok_sim.plan import LengthMix, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
@@ -78,8 +78,9 @@ class LawPolicy:
         cap)."""
         return batch if self.pinned_batch is None else min(self.pinned_batch, cap)
 
-    def decide(self, view: FleetView) -> Action:
-        result = control_tick(
+    def tick(self, view: FleetView) -> TickResult:
+        """The operator's observe → decide on this view (the law's memory is not yet moved)."""
+        return control_tick(
             self.spec,
             self.state,
             view.signals,
@@ -88,6 +89,9 @@ class LawPolicy:
             now=view.now,
             law=self.law,
         )
+
+    def decide(self, view: FleetView) -> Action:
+        result = self.tick(view)
         decision = result.decision
         # An ablation overrides the batch of every decision and leaves the replica rule alone.
         batch = self.pinned(decision.batch, result.params.batch_cap)

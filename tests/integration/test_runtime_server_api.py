@@ -221,19 +221,33 @@ def test_admin_needs_the_token(server: RuntimeServer):
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong-token"}).status_code == 401
     assert httpx.put(url, json={"max_batch_size": 2}).status_code == 401
+    # The token is checked before the body: an invalid one is a 401 too, not a 422.
+    assert httpx.put(url, json={"max_num_batched_tokens": "x"}).status_code == 401
     r = httpx.get(url, headers=AUTH)
     assert r.status_code == 200
     assert set(r.json()) == {
         "max_batch_size",
         "max_wait_ms",
         "max_num_batched_tokens",
+        "max_num_batched_tokens_limit",
         "mode",
         "capacity",
     }
 
 
 @pytest.mark.parametrize(
-    "body", [{"max_batch_size": 0}, {"max_batch_size": "x"}, {"max_wait_ms": -1}, {"other": 1}]
+    "body",
+    [
+        {"max_batch_size": 0},
+        {"max_batch_size": "x"},
+        {"max_wait_ms": -1},
+        {"other": 1},
+        {"max_num_batched_tokens": 0},
+        {"max_num_batched_tokens": "512"},
+        {"max_num_batched_tokens": True},
+        {"max_num_batched_tokens": 512.0},
+        {"max_num_batched_tokens": 1 << 30},
+    ],
 )
 def test_admin_rejects_bad_values(server: RuntimeServer, body):
     r = httpx.put(f"{server.url}/admin/v1/batching", json=body, headers=AUTH)
@@ -250,6 +264,38 @@ def test_admin_clamps_to_capacity(server: RuntimeServer):
         assert r.json()["max_batch_size"] == capacity
     finally:
         httpx.put(url, json={"max_batch_size": 32}, headers=AUTH)
+
+
+def _steps_of_one_request(server: RuntimeServer, prompt: list[int]) -> float:
+    """Engine steps (each observes `wok_batch_size` once) that one greedy 2-token request takes
+    on an idle server: its prefill chunks, then one decode."""
+    count = 'wok_batch_size_count{model_name="tiny"}'
+    before = server.metrics()[count]
+    body = {"prompt": prompt, "max_tokens": 2, "ignore_eos": True, "temperature": 0}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return server.metrics()[count] - before
+
+
+def test_admin_moves_the_step_token_budget_live(server: RuntimeServer):
+    url = f"{server.url}/admin/v1/batching"
+    gauge = 'wok_max_num_batched_tokens{model_name="tiny"}'
+    start = httpx.get(url, headers=AUTH).json()
+    limit = start["max_num_batched_tokens_limit"]
+    assert start["max_num_batched_tokens"] == limit == server.metrics()[gauge]
+    # Distinct prompts of 200 tokens, so that no prefix is cached.
+    assert _steps_of_one_request(server, [300 + i % 50 for i in range(200)]) == 2
+    try:
+        r = httpx.put(url, json={"max_num_batched_tokens": 64}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["max_num_batched_tokens"] == 64
+        assert httpx.get(url, headers=AUTH).json()["max_num_batched_tokens"] == 64
+        assert server.metrics()[gauge] == 64
+        assert _steps_of_one_request(server, [400 + i % 50 for i in range(200)]) == 4 + 1
+        r = httpx.put(url, json={"max_num_batched_tokens": limit + 1000}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["max_num_batched_tokens"] == limit
+    finally:
+        httpx.put(url, json={"max_num_batched_tokens": limit}, headers=AUTH)
+    assert server.metrics()[gauge] == limit
 
 
 def _batch_histogram(server: RuntimeServer) -> dict[str, float]:

@@ -208,6 +208,36 @@ def test_the_cap_holds_from_the_next_step_and_lowering_never_preempts(runner: Mo
     )
 
 
+def test_a_lowered_token_budget_holds_from_the_next_step_and_changes_no_output(
+    runner: ModelRunner,
+) -> None:
+    rng = random.Random(4)
+    reqs = [  # 8 × 60-100 prompt tokens: more than the runner's 512 in one step
+        (
+            [rng.randrange(1, 8000) for _ in range(rng.randint(60, 100))],
+            SamplingParams(max_tokens=rng.randint(4, 24), ignore_eos=True),
+        )
+        for _ in range(8)
+    ]
+    reference = drive(LLMEngine(runner, EngineConfig(max_batch_size=8)), reqs)
+    steps: list[StepStats] = []
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=8), on_step=steps.append)
+    got = Collector()
+    for i, (prompt, params) in enumerate(reqs):
+        engine.add_request(prompt, params, on_output=got, request_id=f"r{i}")
+    engine.step()
+    assert steps[-1].num_prefill_tokens == 512  # the start budget, the runner's
+    assert engine.set_batching(max_num_batched_tokens=16).max_num_batched_tokens == 16
+    mark = len(steps)
+    while engine.step():
+        pass
+    assert all(s.num_prefill_tokens + s.num_decode_tokens <= 16 for s in steps[mark:])
+    assert got.tokens == reference and len(got.final) == 8
+    assert engine.stats().max_num_batched_tokens == 16
+    raised = engine.set_batching(max_num_batched_tokens=10**6)
+    assert raised.max_num_batched_tokens == raised.max_num_batched_tokens_limit == 512
+
+
 def test_bad_requests_are_refused_with_a_reason(runner: ModelRunner) -> None:
     engine = LLMEngine(runner, EngineConfig())
     ok = SamplingParams(max_tokens=4)

@@ -55,6 +55,7 @@ def test_metric_names_are_the_contract():
         "vllm:prefix_cache_queries": "counter",
         "vllm:prefix_cache_hits": "counter",
         "wok_max_batch_size": "gauge",
+        "wok_max_num_batched_tokens": "gauge",
         "wok_batch_size": "histogram",
         "wok_rejected_requests": "counter",
         "wok_queue_length": "gauge",
@@ -92,6 +93,7 @@ def _stats(**changes) -> EngineStats:
         kv_blocks_free=6,
         kv_usage=0.4,
         max_batch_size=8,
+        max_num_batched_tokens=2048,
         num_preemptions_total=5,
         completed_total=7,
         recent_completion_rate=1.5,
@@ -172,8 +174,11 @@ def test_collector_exports_every_name_and_reads_the_engine_at_scrape_time():
     assert s['wok_batch_size_bucket{le="2.0",model_name="tiny"}'] == 0
     assert s['wok_kv_cache_budget_bytes{device="cuda",model_name="tiny"}'] == 1000
     assert s['wok_kv_cache_measured_bytes{device="cuda",model_name="tiny"}'] == 1200
-    stats[0] = _stats(max_batch_size=2)
-    assert _samples(metrics.render()[0].decode())['wok_max_batch_size{model_name="tiny"}'] == 2
+    assert s['wok_max_num_batched_tokens{model_name="tiny"}'] == 2048
+    stats[0] = _stats(max_batch_size=2, max_num_batched_tokens=512)
+    live = _samples(metrics.render()[0].decode())
+    assert live['wok_max_batch_size{model_name="tiny"}'] == 2
+    assert live['wok_max_num_batched_tokens{model_name="tiny"}'] == 512
 
 
 def test_the_batch_lane_never_shows_in_the_vllm_series():

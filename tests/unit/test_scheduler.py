@@ -65,6 +65,7 @@ def make_scheduler(
     batch_max: int | None = None,
     grace_s: float = 0.05,
     prefix_caching: bool = True,
+    budget_limit: int | None = None,
 ) -> Scheduler:
     return Scheduler(
         mode=mode,  # type: ignore[arg-type]
@@ -80,6 +81,7 @@ def make_scheduler(
         batch_lane_max_batch_size=batch_max,
         online_idle_grace_s=grace_s,
         eos_token_id=EOS,
+        token_budget_limit=budget_limit,
     )
 
 
@@ -148,6 +150,43 @@ def test_chunked_prefill_gives_the_same_outputs() -> None:
     whole = run(make_scheduler(budget=256), requests)
     sched = make_scheduler(budget=7)
     assert run(sched, requests) == whole
+
+
+def test_a_lowered_token_budget_bounds_the_next_step_and_loses_nothing() -> None:
+    """A prompt part-way through its prefill goes on from where it was, in chunks of the new
+    budget; the outputs are those of an unchunked run (nothing dropped, nothing reordered)."""
+    requests = make_requests(6, seed=3, max_prompt=40)
+    for r in requests:
+        r["prompt_token_ids"] = (r["prompt_token_ids"] * 3)[:40]  # all 40 tokens: 6 × 40 > 64
+    whole = run(make_scheduler(budget=256, budget_limit=256), requests)
+    sched = make_scheduler(budget=64, budget_limit=256)
+    model = FakePagedModel(64, 4)
+    seqs = [Sequence(arrival_time=i * 1e-3, **r) for i, r in enumerate(requests)]
+    for seq in seqs:
+        sched.add(seq, now=0.0)
+    out = sched.schedule(0.0)
+    assert [item.num_tokens for item in out.scheduled] == [40, 24]  # the second one is cut
+    second = out.scheduled[1].seq.request_id
+    sched.postprocess(out, model.step(out), 0.0)
+    sched.set_batching(max_num_batched_tokens=8)
+    now, chunks = 0.0, []
+    while sched.has_work():
+        now += 0.01
+        out = sched.schedule(now)
+        assert sum(item.num_tokens for item in out.scheduled) <= 8
+        chunks += [(item.seq.request_id, item.start_pos) for item in out.scheduled]
+        sched.postprocess(out, model.step(out), now)
+    assert next(start for rid, start in chunks if rid == second) == 24  # not started again
+    assert {s.request_id: s.output_token_ids for s in seqs} == whole
+    sched.set_batching(max_num_batched_tokens=10**6)
+    assert sched.max_num_batched_tokens == 256  # clamped to the runner's limit
+    sched.set_batching(max_num_batched_tokens=0)
+    assert sched.max_num_batched_tokens == 1
+
+
+def test_a_start_budget_above_its_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be in"):
+        make_scheduler(budget=64, budget_limit=32)
 
 
 def test_preemption_by_recompute_loses_nothing() -> None:

@@ -1,7 +1,8 @@
 """A differential test: the simulator's `SimReplica` against the runtime's own `Scheduler`, with a
 fake clock that charges each step what the same step profile says. Both must admit, chunk,
 preempt and finish every request at the same times, also under KV pressure, where the order of
-admission decides who waits (a small request must not pass the head of the queue)."""
+admission decides who waits (a small request must not pass the head of the queue), and when the
+step token budget moves mid-run (the admin API's `max_num_batched_tokens`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from wok_runtime.request_queue import RequestQueue
 from wok_runtime.sampling_params import SamplingParams
 from wok_runtime.scheduler import Scheduler
 from wok_runtime.sequence import Sequence
-from wok_sim.replica import run_single
+from wok_sim.replica import SimReplica, run_single
 
 # A small pod: 64 blocks of 16 tokens, so a burst of long prompts fills the pool.
 PROFILE = StepProfile(
@@ -34,10 +35,14 @@ PROFILE = StepProfile(
     max_model_len=512,
 )
 QUEUE_TIMEOUT_S = 1e6  # nothing expires: this compares scheduling, not timeouts
+Budgets = tuple[tuple[float, int], ...]  # (from time, step token budget), in time order
 
 
-def runtime_times(requests: list[TraceRequest], batch_cap: int) -> list[tuple[float, float]]:
-    """(first token, finish) per request from the runtime scheduler on a fake clock."""
+def runtime_times(
+    requests: list[TraceRequest], batch_cap: int, budgets: Budgets = ()
+) -> list[tuple[float, float]]:
+    """(first token, finish) per request from the runtime scheduler on a fake clock; each
+    budget applies from the first step that starts at or after its time."""
     sched = Scheduler(
         mode="continuous",
         max_batch_size=batch_cap,
@@ -59,11 +64,13 @@ def runtime_times(requests: list[TraceRequest], batch_cap: int) -> list[tuple[fl
         )
         for i, r in enumerate(requests)
     ]
-    clock, pending = 0.0, 0
+    clock, pending, changes = 0.0, 0, list(budgets)
     while pending < len(seqs) or sched.has_work():
         while pending < len(seqs) and seqs[pending].arrival_time <= clock:
             sched.add(seqs[pending], now=seqs[pending].arrival_time)
             pending += 1
+        while changes and changes[0][0] <= clock:
+            sched.set_batching(max_num_batched_tokens=changes.pop(0)[1])
         out = sched.schedule(clock)
         if not out.scheduled:
             assert pending < len(seqs), "work left that the scheduler will not run"
@@ -104,3 +111,41 @@ def test_the_simulated_replica_schedules_as_the_runtime_does(seed: int, batch_ca
     for record, (first, finish) in zip(sim, runtime, strict=True):
         assert record.first_token_s == pytest.approx(first, abs=1e-9), record
         assert record.finish_s == pytest.approx(finish, abs=1e-9), record
+
+
+def sim_times(
+    requests: list[TraceRequest], batch_cap: int, budgets: Budgets, *, fast: bool
+) -> list[tuple[float, float]]:
+    """The same from one `SimReplica`, its budget set at each change's time."""
+    replica = SimReplica(
+        PROFILE, batch_cap=batch_cap, queue_timeout_s=QUEUE_TIMEOUT_S, max_queue=10_000, fast=fast
+    )
+    events = sorted([(r.arrival_s, 0, i) for i, r in enumerate(requests)] + [
+        (t, 1, budget) for t, budget in budgets
+    ])  # fmt: skip
+    for t, kind, value in events:
+        replica.advance_to(t)
+        if kind == 0:
+            replica.add(value, requests[value])
+        else:
+            replica.set_token_budget(value)
+    replica.advance_to(math.inf)
+    records = sorted(replica.records, key=lambda r: r.request_id)
+    assert all(r.outcome == "ok" for r in records)
+    return [(r.first_token_s or math.nan, r.finish_s) for r in records]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize(
+    "budgets",
+    [((3.0, 40), (8.0, 200)), ((1.0, 7), (5.0, 10_000), (9.0, 64))],  # 10 000: clamped to 256
+)
+def test_a_budget_that_moves_mid_run_schedules_as_the_runtime_does(
+    budgets: Budgets, fast: bool
+) -> None:
+    requests = burst(4)
+    runtime = runtime_times(requests, 16, budgets)
+    assert runtime != runtime_times(requests, 16), "the budget changes nothing here"
+    sim = sim_times(requests, 16, budgets, fast=fast)
+    flat = [t for pair in runtime for t in pair]
+    assert [t for pair in sim for t in pair] == pytest.approx(flat, abs=1e-9)
