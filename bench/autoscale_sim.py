@@ -33,8 +33,9 @@ AUTOSCALERS = (
 )
 PROFILE = "sim:llama-3-8b-80g"
 SHARED_TRACE = ROOT / "bench" / "traces" / "azure_llm_2023_code.csv"
-# Public traces the law was not designed on (bench/traces/README.md), run with its defaults and
-# never used to tune it: overlay-scaled the same way as the shared trace, TTFT and TPOT SLOs
+# Two more public traces (bench/traces/README.md), run with the law's defaults; development traces
+# too (the defaults were judged with them in view): overlay-scaled the same way as the shared trace,
+# TTFT and TPOT SLOs
 # (their answers run to hundreds of tokens, so an E2E SLO would measure output length).
 HELD_OUT = {
     "Azure conversation trace (2023)": ROOT / "bench" / "traces" / "azure_llm_2023_conv.csv",
@@ -220,7 +221,7 @@ def main() -> int:
     if held_out:
         parts += [
             "",
-            "## Held-out traces: the same defaults on traffic the law was not designed on",
+            "## More traces: the same defaults on other traffic (development traces too)",
             "",
             "`wok simulate --trace TRACE --rate-scale X --rate-mode overlay --slo-ttft 2 "
             "--slo-tpot 0.1 --cold-start S --policy all`; X gives the trace's busiest minute "
