@@ -2,7 +2,9 @@
 
 One pure function, `decide`, with no I/O: the operator, the fleet simulator (`wok simulate`) and the
 tests all call it. `decide_sign_step` keeps the plain clipped sign-step the law started from, for
-comparison.
+comparison. A tick is two rules, each a pure function (`_batch_rule`, `_replica_rule`), on one
+set of facts computed once from the round and the law's memory (`_facts`: breaches, windows,
+saturation, the error budget, the TPOT pod); a round with a missing series holds both knobs.
 
 The batch rests at its cap, min(B_max, B_mem), with the clipped sign-step as its guard:
 
@@ -254,34 +256,146 @@ def _holding(
     )
 
 
+def _hold_reason(obs: Observation) -> str | None:
+    """Why this round cannot be acted on, or None: no ready pod, no pod reporting, or any series
+    the law reads missing (a partial round is a missing one: a missing completion counter would
+    silently drop the throughput term and the floor)."""
+    if obs.ready_replicas < 1:
+        return "no ready replicas"
+    if obs.reporting_replicas == 0:
+        return "no pod reports its metrics"
+    series = {
+        "waiting": obs.queue_per_replica,
+        "running": obs.running_per_replica,
+        "KV usage": obs.kv_usage,
+        "completions": obs.finished_per_s,
+        "rejections": obs.rejected_per_s,
+    }
+    missing = [name for name, value in series.items() if not _known(value)]
+    return f"metrics missing: {', '.join(missing)}" if missing else None
+
+
+#: A pod added for a TPOT breach that lowers the P99 by less than this share of it
+#: shows that more pods will not meet the SLO.
+TPOT_GAIN = 0.1
+
+
 @dataclass(frozen=True)
 class _Facts:
-    """The predicates both rules read, computed once a tick."""
+    """Every predicate the two rules read, computed once a tick from the round and the memory."""
 
+    batch: int  # the batch and the replicas, clipped to their bounds
+    replicas: int
     queue: float  # waiting requests per reporting pod
     queue_long: bool  # past Q* + deadband
     cap_binds: bool  # the batch cap limits the running set (else lowering it changes nothing)
     ttft_breached: bool
     tpot_breached: bool
+    slo_breached: bool  # any P99 over its SLO, E2E included
     kv_full: bool
+    # The windows: each lagging signal is read only once the step it would judge could show.
     recently_lowered: bool  # a TPOT-driven decrease has not shown in the windowed P99 yet
     settled: bool  # the last scale-up could show in the windowed P99
     reversal_shown: bool  # the last replica change could show in the windowed P99
+    tpot_bound: bool  # TPOT binds the batch: breached now, or lowered within the window
+    queued_since: float | None  # requests have queued past Q* at every tick since
+    queue_lasts: bool  # for the scale-up window
+    breached_since: float | None  # P99 TTFT has been above its SLO at every tick since
+    saturated_since: float | None  # pods have queued behind a cap that cannot rise since
+    saturated: bool  # long enough that the completions are what a pod can do
+    # The error budget, and the utilization it sets.
+    budget_spent: bool
+    budget_recovering: bool
+    utilization: float
+    # The TPOT pod: whether one more pod may still lower a TPOT breach.
+    pods_left: bool  # none found futile yet, and the fleet below its most
+    tpot_pod_p99: float | None  # P99 TPOT when the last TPOT pod was added
+    tpot_futile: bool  # that pod did not lower it
+    at_floor: bool  # a TPOT breach at the smallest batch, its last decrease shown
+
+    @property
+    def queueing(self) -> bool:
+        return self.queue > 0
+
+    @property
+    def tpot_unattainable(self) -> bool:
+        return self.tpot_futile or self.at_floor
 
 
-def _facts(state: LoopState, batch: int, obs: Observation, p: LawParams, now: float) -> _Facts:
+def _showing_s(p: LawParams) -> float:
+    """How long a step of either knob takes to show in the windowed P99."""
+    return max(p.scale_up_window_s, p.slo_window_s)
+
+
+def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Facts:
+    batch, replicas = p.clip_batch(state.batch), p.clip_replicas(state.replicas)
     queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
     running = float(obs.running_per_replica)  # type: ignore[arg-type]
+    queue_long = queue > p.target_queue + p.deadband
+    cap_binds = running >= 0.8 * batch
+    ttft_breached = _above(obs.p99_ttft_seconds, p.slo_ttft_s)
+    tpot_breached = _above(obs.p99_tpot_seconds, p.slo_tpot_s)
+    recently_lowered = not _quiet_since(state.last_batch_decrease, now, _showing_s(p))
+    settled = _quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s)
+    tpot_bound = tpot_breached or recently_lowered
+    queued_since = _since(state.queued_since, now) if queue_long else None
+    breached_since = _since(state.breached_since, now) if ttft_breached else None
+    # Saturated: requests have queued for a while although the pods have free batch slots
+    # (prefill, the step's token budget or KV hold them back), or behind a cap that can rise no
+    # further (the memory cap, or TPOT binds it). A passing queue is noise: the completions then
+    # are the arrivals, not what a pod can do. A queue behind a cap that can still rise is the
+    # batch's to fix, and a rate measured there says nothing of a larger batch.
+    final_cap = batch >= p.batch_cap or tpot_bound
+    saturated_since = None
+    if queue_long and (final_cap or not cap_binds):
+        saturated_since = _since(state.saturated_since, now)
+    # A TTFT breach that outlasts a window's memory of one spike, while requests still wait behind
+    # free batch slots, is a pod at what it can serve within the SLO: long prompts wait for their
+    # prefill, few but heavy, and never make the queue long. Its completions teach μ too.
+    slo_bound = (
+        breached_since is not None
+        and now - breached_since >= p.slo_window_s + p.scale_up_window_s
+        and queue > 0
+        and not cap_binds
+    )
+    saturated = slo_bound or (
+        saturated_since is not None and now - saturated_since >= p.scale_up_window_s
+    )
+    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
+    # A TPOT breach comes from load: one more pod may fix it. If that pod, once it could show,
+    # did not lower the P99, no pod will (the breach is reported, not chased).
+    tpot_pod_p99, tpot_futile = (
+        (state.tpot_pod_p99, state.tpot_futile) if tpot_breached else (None, False)
+    )
+    if tpot_breached and settled and tpot_pod_p99 is not None:
+        tpot = float(obs.p99_tpot_seconds)  # type: ignore[arg-type]
+        tpot_futile = tpot_futile or tpot > (1 - TPOT_GAIN) * tpot_pod_p99
     return _Facts(
+        batch=batch,
+        replicas=replicas,
         queue=queue,
-        queue_long=queue > p.target_queue + p.deadband,
-        cap_binds=running >= 0.8 * batch,
-        ttft_breached=_above(obs.p99_ttft_seconds, p.slo_ttft_s),
-        tpot_breached=_above(obs.p99_tpot_seconds, p.slo_tpot_s),
+        queue_long=queue_long,
+        cap_binds=cap_binds,
+        ttft_breached=ttft_breached,
+        tpot_breached=tpot_breached,
+        slo_breached=ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s),
         kv_full=_above(obs.kv_usage, p.kv_usage_ceiling),
-        recently_lowered=not _quiet_since(state.last_batch_decrease, now, _showing_s(p)),
-        settled=_quiet_since(state.last_scale_up, now, p.pod_start_s + p.slo_window_s),
+        recently_lowered=recently_lowered,
+        settled=settled,
         reversal_shown=_quiet_since(state.last_replica_change, now, _showing_s(p)),
+        tpot_bound=tpot_bound,
+        queued_since=queued_since,
+        queue_lasts=queued_since is not None and now - queued_since >= p.scale_up_window_s,
+        breached_since=breached_since,
+        saturated_since=saturated_since,
+        saturated=saturated,
+        budget_spent=budget_spent,
+        budget_recovering=budget_recovering,
+        utilization=p.utilization(budget_spent=budget_spent),
+        pods_left=not state.tpot_futile and state.replicas < p.replicas_max,
+        tpot_pod_p99=tpot_pod_p99,
+        tpot_futile=tpot_futile,
+        at_floor=tpot_breached and batch <= p.batch_floor and not recently_lowered,
     )
 
 
@@ -293,23 +407,15 @@ class _BatchStep:
     why: str
 
 
-def _showing_s(p: LawParams) -> float:
-    """How long a step of either knob takes to show in the windowed P99."""
-    return max(p.scale_up_window_s, p.slo_window_s)
-
-
-def _batch_rule(
-    state: LoopState, batch: int, f: _Facts, obs: Observation, p: LawParams
-) -> _BatchStep:
+def _batch_rule(state: LoopState, f: _Facts, obs: Observation, p: LawParams) -> _BatchStep:
     """The batch rests at its cap, min(B_max, B_mem): below it a pod queues what it could run.
     A TPOT breach at the cap asks for a pod first (the replica rule); only once pods cannot fix
     it (one more did not lower the P99, or the fleet is at its most) does the guard step the
     batch down, η per window: the windowed P99 still holds the old batch until then, or the
     batch would climb straight back into the breach. Back at the cap once TPOT is within its
     SLO and the window has seen the last decrease."""
-    direction, why = 0, ""
-    pods_left = not state.tpot_futile and state.replicas < p.replicas_max
-    if f.tpot_breached and f.cap_binds and pods_left:
+    batch, direction, why = f.batch, 0, ""
+    if f.tpot_breached and f.cap_binds and f.pods_left:
         why = "P99 TPOT above SLO at the cap: a pod first"
     elif f.tpot_breached and f.cap_binds and not f.recently_lowered:
         direction = -1
@@ -422,7 +528,7 @@ def _proven(
     """The most requests/s a pod has served with TTFT and TPOT within their SLOs (until it is a
     budget window old), when it was learnt, and the fewest pods that serve the current arrivals
     at `PROBE_GROWTH` times that rate. A scale-down goes below it only once it has held the
-    fleet for a budget window (`decide`): fewer pods would each serve more than any pod has been
+    fleet for a budget window (`_floor`): fewer pods would each serve more than any pod has been
     seen to serve well (the slots alone say a pod holds its whole batch cap, which a
     compute-bound pod never reaches)."""
     rate, at = state.proven_rate, state.proven_rate_at
@@ -460,19 +566,6 @@ def _error_budget(was_spent: bool, obs: Observation, p: LawParams) -> tuple[bool
     return recovering, recovering
 
 
-def _missing(obs: Observation) -> list[str]:
-    """The series the law needs that this round lacks: a partial round is a missing one (a
-    missing completion counter would silently drop the throughput term and the floor)."""
-    series = {
-        "waiting": obs.queue_per_replica,
-        "running": obs.running_per_replica,
-        "KV usage": obs.kv_usage,
-        "completions": obs.finished_per_s,
-        "rejections": obs.rejected_per_s,
-    }
-    return [name for name, value in series.items() if not _known(value)]
-
-
 def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]:
     """The state with what it learnt forgotten when the model, the GPU or the SLOs changed (a
     state that predates the key adopts it)."""
@@ -493,125 +586,74 @@ def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]
     return forgotten, ["the model, GPU or SLOs changed: the learnt rates start afresh"]
 
 
-#: A pod added for a TPOT breach that lowers the P99 by less than this share of it
-#: shows that more pods will not meet the SLO.
-TPOT_GAIN = 0.1
+@dataclass(frozen=True)
+class _ReplicaStep:
+    replicas: int
+    desired: int  # R*, what demand asks for
+    why: str  # why the replicas change; empty when they hold
+    demand: _Demand
+    notes: list[str]
+    memory: LoopState  # the state with the replica rule's memory brought up to this tick
 
 
-def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
-    """One tick of the law: the batch rule, then the replica rule, and why."""
-    p = params
-    batch = p.clip_batch(state.batch)
-    replicas = p.clip_replicas(state.replicas)
-    memory_bound = p.batch_mem < p.batch_max
-    notes: list[str] = []
-    if batch != state.batch:
-        notes.append(f"batch clipped to [{p.batch_floor}, {p.batch_cap}]")
-    if replicas != state.replicas:
-        notes.append(f"replicas clipped to [{p.replicas_floor}, {p.replicas_max}]")
-    missing = _missing(obs)
-    if obs.ready_replicas < 1 or obs.reporting_replicas == 0 or missing:
-        why = "no ready replicas" if obs.ready_replicas < 1 else "no pod reports its metrics"
-        if obs.ready_replicas >= 1 and missing and obs.reporting_replicas != 0:
-            why = f"metrics missing: {', '.join(missing)}"
-        return _holding(
-            state,
-            batch,
-            replicas,
-            "; ".join([why, *notes]),
-            memory_bound=memory_bound and batch >= p.batch_cap,
-        )
-    state, forgotten = _fresh_memory(state, p)
-    notes += forgotten
-    f = _facts(state, batch, obs, p, now)
+def _windows(
+    state: LoopState, desired: int, floor: int, replicas: int, now: float
+) -> tuple[float | None, int | None, float | None, int | None]:
+    """(up_since, up_target, down_since, down_target): the smallest ask while demand keeps asking
+    for more (a spike must persist), the largest while it keeps asking for fewer (the stabilized
+    scale-down), never below what pods have served well; a new episode starts afresh."""
+    if desired > replicas:
+        target = desired if state.up_since is None else min(desired, state.up_target or desired)
+        return _since(state.up_since, now), max(target, replicas + 1), None, None
+    ask = max(desired, floor)
+    if ask < replicas:
+        target = ask if state.down_since is None else max(ask, state.down_target or ask)
+        return None, None, _since(state.down_since, now), min(target, replicas - 1)
+    return None, None, None, None
 
-    # The batch rule: the fast knob, on what the batch controls.
-    step = _batch_rule(state, batch, f, obs, p)
 
-    # The replica rule: R* from demand at the batch the pods are heading for: the cap, unless
-    # TPOT has bound it (now, or within the window since it was lowered).
-    tpot_bound = f.tpot_breached or f.recently_lowered
-    capacity = _capacity_per_replica(step.batch if tpot_bound else p.batch_cap, obs, p)
-    # Saturated: requests have queued for a while although the pods have free batch slots
-    # (prefill, the step's token budget or KV hold them back), or behind a cap that can rise no
-    # further (the memory cap, or TPOT binds it). A passing queue is noise: the completions then
-    # are the arrivals, not what a pod can do. A queue behind a cap that can still rise is the
-    # batch's to fix, and a rate measured there says nothing of a larger batch.
-    final_cap = batch >= p.batch_cap or tpot_bound
-    saturated_since = None
-    if f.queue_long and (final_cap or not f.cap_binds):
-        saturated_since = _since(state.saturated_since, now)
-    queueing = f.queue > 0
-    breached_since = _since(state.breached_since, now) if f.ttft_breached else None
-    # A TTFT breach that outlasts a window's memory of one spike, while requests still wait behind
-    # free batch slots, is a pod at what it can serve within the SLO: long prompts wait for their
-    # prefill, few but heavy, and never make the queue long. Its completions teach μ too.
-    slo_bound = (
-        breached_since is not None
-        and now - breached_since >= p.slo_window_s + p.scale_up_window_s
-        and queueing
-        and not f.cap_binds
+def _floor(
+    state: LoopState, f: _Facts, obs: Observation, p: LawParams, desired: int, now: float
+) -> tuple[float | None, float | None, int, float | None]:
+    """The proven rate, when it was learnt, the fewest pods that serve today's arrivals at it
+    (`_proven`), and since when that floor alone has held a scale-down: once it has held the
+    fleet for a budget window it yields a pod."""
+    rate, at, floor = _proven(state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now)
+    since = _since(state.floor_since, now) if desired < f.replicas <= floor else None
+    if since is not None and now - since >= p.budget_window_s:
+        floor = f.replicas - 1
+    return rate, at, floor, since
+
+
+def _replica_rule(
+    state: LoopState, f: _Facts, step: _BatchStep, obs: Observation, p: LawParams, now: float
+) -> _ReplicaStep:
+    """R* from demand at the batch the pods are heading for (the cap, unless TPOT has bound
+    it): up once R* > R has held the scale-up window, one pod for a breach demand does not
+    explain, down to the window's largest ask once R* < R has held the scale-down window."""
+    replicas = f.replicas
+    capacity = _capacity_per_replica(step.batch if f.tpot_bound else p.batch_cap, obs, p)
+    demand = _demand(
+        capacity, obs, p, state, utilization=f.utilization, saturated=f.saturated, now=now
     )
-    saturated = slo_bound or (
-        saturated_since is not None and now - saturated_since >= p.scale_up_window_s
-    )
-    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
-    utilization = p.utilization(budget_spent=budget_spent)
-    demand = _demand(capacity, obs, p, state, utilization=utilization, saturated=saturated, now=now)
     # A pod pending past its pod start is not on its way: it is no capacity, and its place in
     # the Deployment's count is asked for again.
     desired = p.clip_replicas(demand.replicas + obs.stalled_replicas)
-    proven_rate, proven_at, proven_floor = _proven(
-        state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now
-    )
-    floor_since = _since(state.floor_since, now) if desired < replicas <= proven_floor else None
-    if floor_since is not None and now - floor_since >= p.budget_window_s:
-        proven_floor = replicas - 1  # held the fleet for a budget window: it yields a pod
-    # The windowed P99 remembers a spike for a window after its queue drained: only a queue past
-    # Q* that lasts says the fleet is short now (a pod added for a spike gone arrives idle).
-    queued_since = _since(state.queued_since, now) if f.queue_long else None
-    queue_lasts = queued_since is not None and now - queued_since >= p.scale_up_window_s
-    # A TPOT breach comes from load: one more pod may fix it. If that pod, once it
-    # could show, did not lower the P99, no pod will: stop adding them, and let demand size the
-    # fleet again (the breach is reported, not chased).
-    tpot_pod_p99, tpot_futile = (
-        (state.tpot_pod_p99, state.tpot_futile) if f.tpot_breached else (None, False)
-    )
-    tpot = obs.p99_tpot_seconds
-    if f.tpot_breached and f.settled and tpot_pod_p99 is not None:
-        tpot_futile = tpot_futile or tpot > (1 - TPOT_GAIN) * tpot_pod_p99  # type: ignore[operator]
-    at_floor = f.tpot_breached and batch <= p.batch_floor and not f.recently_lowered
-    tpot_unattainable = tpot_futile or at_floor
-    tpot_pod = f.tpot_breached and not tpot_unattainable
+    proven_rate, proven_at, floor, floor_since = _floor(state, f, obs, p, desired, now)
+    tpot_pod = f.tpot_breached and not f.tpot_unattainable
     # Breaches more pods or a smaller batch may fix block a scale-down: TTFT while requests
     # queue (without a queue it comes from prefill, not from the fleet's size); TPOT while the
     # batch steps down at the cap, or below it while a pod may be tried or the one tried helped.
-    tried = tpot_pod_p99 is not None or desired >= replicas
-    fixable_breach = (f.ttft_breached and queueing) or (
-        f.tpot_breached and not tpot_unattainable and (f.cap_binds or tried)
-    )
+    tried = f.tpot_pod_p99 is not None or desired >= replicas
+    fixable_breach = (f.ttft_breached and f.queueing) or (tpot_pod and (f.cap_binds or tried))
+    up_since, up_target, down_since, down_target = _windows(state, desired, floor, replicas, now)
 
-    # The smallest ask while demand keeps asking for more (a spike must persist), the largest
-    # while it keeps asking for fewer (the stabilized scale-down); a new episode starts afresh.
-    up_since = up_target = down_since = down_target = None
-    if desired > replicas:
-        up_since = _since(state.up_since, now)
-        up_target = desired if state.up_since is None else min(desired, state.up_target or desired)
-        up_target = max(up_target, replicas + 1)
-    elif max(desired, proven_floor) < replicas:
-        down_ask = max(desired, proven_floor)  # never below what pods have served well
-        down_since = _since(state.down_since, now)
-        down_target = (
-            down_ask if state.down_since is None else max(down_ask, state.down_target or down_ask)
-        )
-        down_target = min(down_target, replicas - 1)
-
-    new_replicas, replicas_why = replicas, ""
+    new_replicas, why, tpot_pod_p99 = replicas, "", f.tpot_pod_p99
     if up_since is not None and up_target is not None and now - up_since >= p.scale_up_window_s:
         new_replicas = min(up_target, replicas + p.replicas_max_step)
-        replicas_why = f"R* {desired} > {replicas} ({demand.text})"
+        why = f"R* {desired} > {replicas} ({demand.text})"
     elif (
-        ((f.ttft_breached and queue_lasts) or tpot_pod)
+        ((f.ttft_breached and f.queue_lasts) or tpot_pod)
         and desired >= replicas
         and f.settled  # a lagging signal (windowed P99) asks again once the last step could show
         and f.reversal_shown  # nor reverses a scale-down before the window could see its fleet
@@ -619,13 +661,13 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         and replicas < p.replicas_max
     ):
         new_replicas = replicas + 1
-        if f.ttft_breached and queue_lasts:
-            replicas_why = (
+        if f.ttft_breached and f.queue_lasts:
+            why = (
                 f"P99 TTFT {obs.p99_ttft_seconds:.2f}s > SLO {p.slo_ttft_s:g}s with a lasting queue"
             )
         else:
-            tpot_pod_p99 = tpot
-            replicas_why = f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s: one more pod"
+            tpot_pod_p99 = obs.p99_tpot_seconds
+            why = f"P99 TPOT {tpot_pod_p99:.3f}s > SLO {p.slo_tpot_s:g}s: one more pod"
     elif (
         down_since is not None
         and down_target is not None
@@ -635,13 +677,13 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
     ):
         # Straight to the largest ask of the window: it already is the stabilized answer.
         new_replicas = down_target
-        replicas_why = (
-            f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand.text})"
-        )
+        why = f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand.text})"
     new_replicas = p.clip_replicas(new_replicas)
-    if desired < replicas <= proven_floor:
+
+    notes = []
+    if desired < replicas <= floor:
         notes.append(
-            f"{proven_floor} pod(s) floor: fewer would each serve over {PROBE_GROWTH:g} × the "
+            f"{floor} pod(s) floor: fewer would each serve over {PROBE_GROWTH:g} × the "
             f"{proven_rate:.2f} req/s a pod has served within the SLOs"
         )
     if new_replicas != replicas:
@@ -653,39 +695,9 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
             f"{obs.stalled_replicas} pod(s) pending past the pod start {p.pod_start_s:g}s + "
             f"{STALL_MARGIN_S:g}s count as no capacity"
         )
-
-    unattainable = None
-    if at_floor:
-        unattainable = (
-            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s at the smallest "
-            f"batch {p.batch_floor}: no batch size meets it"
-        )
-    elif tpot_futile:
-        unattainable = (
-            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s, and one more pod did "
-            "not lower it: no fleet size meets it"
-        )
-    elif p.slo_e2e_s is not None and _above(obs.p99_service_seconds, p.slo_e2e_s) and not queueing:
-        unattainable = (
-            f"P99 service time {obs.p99_service_seconds:.2f}s > E2E SLO {p.slo_e2e_s:g}s without "
-            "queueing: output lengths, not the batch, set it"
-        )
-
-    parts = []
-    if step.batch != batch:
-        parts.append(f"batch {batch}→{step.batch} ({step.why})")
-    if new_replicas != replicas:
-        parts.append(f"replicas {replicas}→{new_replicas} ({replicas_why})")
-    if not parts:
-        parts.append(f"hold: {step.why or demand.text}")
-    slo_breached = f.ttft_breached or f.tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
-    new_state = replace(
+    memory = replace(
         state,
-        batch=step.batch,
         replicas=new_replicas,
-        batch_direction=step.direction,
-        batch_run=step.run,
-        last_batch_decrease=now if step.batch < batch else state.last_batch_decrease,
         up_since=up_since,
         up_target=up_target,
         down_since=down_since,
@@ -696,28 +708,85 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         service_rate_at=demand.service_rate_at,
         proven_rate=proven_rate,
         proven_rate_at=proven_at,
-        saturated_since=saturated_since,
-        queued_since=queued_since,
-        breached_since=breached_since,
-        budget_spent=budget_spent,
+        saturated_since=f.saturated_since,
+        queued_since=f.queued_since,
+        breached_since=f.breached_since,
+        budget_spent=f.budget_spent,
         tpot_pod_p99=tpot_pod_p99,
-        tpot_futile=tpot_futile,
+        tpot_futile=f.tpot_futile,
         floor_since=floor_since,
+    )
+    return _ReplicaStep(new_replicas, desired, why, demand, notes, memory)
+
+
+def _unattainable(f: _Facts, obs: Observation, p: LawParams) -> str | None:
+    """An SLO no batch size or fleet size meets, and why (reported, not chased)."""
+    tpot = obs.p99_tpot_seconds
+    if f.at_floor:
+        return (
+            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s at the smallest "
+            f"batch {p.batch_floor}: no batch size meets it"
+        )
+    if f.tpot_futile:
+        return (
+            f"P99 TPOT {tpot:.3f}s > SLO {p.slo_tpot_s:g}s, and one more pod did "
+            "not lower it: no fleet size meets it"
+        )
+    if p.slo_e2e_s is not None and _above(obs.p99_service_seconds, p.slo_e2e_s) and not f.queueing:
+        return (
+            f"P99 service time {obs.p99_service_seconds:.2f}s > E2E SLO {p.slo_e2e_s:g}s without "
+            "queueing: output lengths, not the batch, set it"
+        )
+    return None
+
+
+def decide(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
+    """One tick of the law: the batch rule, then the replica rule, both on one tick's facts."""
+    p = params
+    batch, replicas = p.clip_batch(state.batch), p.clip_replicas(state.replicas)
+    memory_bound = p.batch_mem < p.batch_max
+    notes: list[str] = []
+    if batch != state.batch:
+        notes.append(f"batch clipped to [{p.batch_floor}, {p.batch_cap}]")
+    if replicas != state.replicas:
+        notes.append(f"replicas clipped to [{p.replicas_floor}, {p.replicas_max}]")
+    hold = _hold_reason(obs)
+    if hold is not None:
+        bound = memory_bound and batch >= p.batch_cap
+        return _holding(state, batch, replicas, "; ".join([hold, *notes]), memory_bound=bound)
+    state, forgotten = _fresh_memory(state, p)
+    f = _facts(state, obs, p, now)
+    step = _batch_rule(state, f, obs, p)
+    fleet = _replica_rule(state, f, step, obs, p, now)
+
+    parts = []
+    if step.batch != batch:
+        parts.append(f"batch {batch}→{step.batch} ({step.why})")
+    if fleet.replicas != replicas:
+        parts.append(f"replicas {replicas}→{fleet.replicas} ({fleet.why})")
+    if not parts:
+        parts.append(f"hold: {step.why or fleet.demand.text}")
+    new_state = replace(
+        fleet.memory,
+        batch=step.batch,
+        batch_direction=step.direction,
+        batch_run=step.run,
+        last_batch_decrease=now if step.batch < batch else state.last_batch_decrease,
     )
     return Decision(
         batch_before=state.batch,
         batch=step.batch,
         replicas_before=state.replicas,
-        replicas=new_replicas,
-        reason="; ".join(parts + notes),
+        replicas=fleet.replicas,
+        reason="; ".join(parts + notes + forgotten + fleet.notes),
         state=new_state,
-        slo_breached=slo_breached,
+        slo_breached=f.slo_breached,
         memory_bound=(memory_bound and step.batch >= p.batch_cap) or f.kv_full,
-        desired_replicas=desired,
-        unattainable=unattainable,
-        utilization=utilization,
-        budget_spent=budget_spent,
-        budget_recovering=budget_recovering,
+        desired_replicas=fleet.desired,
+        unattainable=_unattainable(f, obs, p),
+        utilization=f.utilization,
+        budget_spent=f.budget_spent,
+        budget_recovering=f.budget_recovering,
     )
 
 
