@@ -440,7 +440,8 @@ class ServiceTick:
     async def push(self, pods: list[PodView], batch: int) -> None:
         """The batch size to every pod in `pods`; a pod that misses it is retried next tick."""
         memo, http = self.memo, self.wok.http
-        assert http is not None
+        if http is None or http.is_closed:
+            return  # the operator is stopping (its cleanup closed the client): nothing to retry
         if memo.admin_token is None:
             memo.admin_token = await kube_call(self.wok.kube.admin_token, self.name, self.namespace)
         results = await push_batch_size(http, [p.ip for p in pods if p.ip], memo.admin_token, batch)

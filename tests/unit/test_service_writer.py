@@ -6,10 +6,14 @@ e2e/test_operator_slow_apiserver.py, runs the real ones against a real apiserver
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import httpx
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
+from wok_contracts.signals import PodView
+from wok_operator.handlers import LoopMemo, OperatorConfig, ServiceTick, Shared
 from wok_operator.writer import ServiceWriter
 
 
@@ -103,3 +107,20 @@ async def test_close_lets_the_last_checkpoint_land_then_ends_the_task():
     stuck.submit("status", api.write("status", 8))
     await asyncio.wait_for(stuck.close(timeout=0.1), timeout=2.0)
     assert ("status", 8) not in api.landed
+
+
+async def test_a_push_once_the_operator_closed_its_http_client_is_done_with():
+    # At exit Kopf's cleanup closes the client while the writers flush: a retry cannot help.
+    http = httpx.AsyncClient()
+    await http.aclose()
+    tick = ServiceTick(
+        Shared(kube=None, config=OperatorConfig(), http=http),  # type: ignore[arg-type]
+        LoopMemo(admin_token="t0ken-of-the-pods"),
+        "chat",
+        "team-a",
+        {},  # type: ignore[arg-type]
+        logging.getLogger("test"),  # type: ignore[arg-type]
+    )
+    pod = PodView("p1", "uid1", "127.0.0.9", ready=True, terminating=False)
+    await tick.push([pod], 8)
+    assert tick.memo.applied == {}
