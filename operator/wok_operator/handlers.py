@@ -454,7 +454,8 @@ class ServiceTick:
                         "pod %s clamped batch %d to its capacity %d", pod.name, batch, outcome
                     )
             else:
-                memo.admin_token = None  # a token refused (the Secret made anew?) is read again
+                if "401" in outcome:  # a token refused (the Secret made anew?) is read again
+                    memo.admin_token = None
                 self.logger.warning(
                     "pod %s missed batch %d (%s); retry next tick", pod.name, batch, outcome
                 )

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import kopf
+from kopf._core.engines.posting import event_queue_loop_var, event_queue_var, settings_var
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from wok_contracts.signals import PodView
 from wok_operator.handlers import LoopMemo, OperatorConfig, ServiceTick, Shared
+from wok_operator.resources import RUNTIME_PORT
 from wok_operator.writer import ServiceWriter
 
 
@@ -124,3 +129,43 @@ async def test_a_push_once_the_operator_closed_its_http_client_is_done_with():
     pod = PodView("p1", "uid1", "127.0.0.9", ready=True, terminating=False)
     await tick.push([pod], 8)
     assert tick.memo.applied == {}
+
+
+class RefusesTheToken(BaseHTTPRequestHandler):
+    def do_PUT(self) -> None:
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+async def test_only_a_pod_that_refuses_the_token_has_it_read_again():
+    # A pod too busy to answer keeps the token (one read per service, not one per missed push);
+    # a 401 means the token changed.
+    settings_var.set(kopf.OperatorSettings())  # Kopf's event queue, as the operator has it
+    events: asyncio.Queue = asyncio.Queue()
+    event_queue_var.set(events)
+    event_queue_loop_var.set(asyncio.get_running_loop())
+    refusing = ThreadingHTTPServer(("127.0.0.214", RUNTIME_PORT), RefusesTheToken)
+    threading.Thread(target=refusing.serve_forever, daemon=True).start()
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        tick = ServiceTick(
+            Shared(kube=None, config=OperatorConfig(), http=http),  # type: ignore[arg-type]
+            LoopMemo(admin_token="t0ken-of-the-pods"),
+            "chat",
+            "team-a",
+            {},  # type: ignore[arg-type]
+            logging.getLogger("test"),  # type: ignore[arg-type]
+        )
+        silent = PodView("p1", "uid1", "127.0.0.213", ready=True, terminating=False)  # refused
+        await tick.push([silent], 8)
+        assert tick.memo.admin_token == "t0ken-of-the-pods"
+        try:
+            await tick.push([PodView("p2", "uid2", "127.0.0.214", True, False)], 8)
+        finally:
+            refusing.shutdown()
+            refusing.server_close()
+        assert tick.memo.admin_token is None
+    assert [events.get_nowait().reason for _ in range(events.qsize())] == ["BatchPushFailed"] * 2
