@@ -114,11 +114,9 @@ async def test_close_lets_the_last_checkpoint_land_then_ends_the_task():
     assert ("status", 8) not in api.landed
 
 
-async def test_a_push_once_the_operator_closed_its_http_client_is_done_with():
-    # At exit Kopf's cleanup closes the client while the writers flush: a retry cannot help.
-    http = httpx.AsyncClient()
-    await http.aclose()
-    tick = ServiceTick(
+def pushing_tick(http: httpx.AsyncClient) -> ServiceTick:
+    """A tick whose pushes go through `http`, the pods' token already read."""
+    return ServiceTick(
         Shared(kube=None, config=OperatorConfig(), http=http),  # type: ignore[arg-type]
         LoopMemo(admin_token="t0ken-of-the-pods"),
         "chat",
@@ -126,6 +124,13 @@ async def test_a_push_once_the_operator_closed_its_http_client_is_done_with():
         {},  # type: ignore[arg-type]
         logging.getLogger("test"),  # type: ignore[arg-type]
     )
+
+
+async def test_a_push_once_the_operator_closed_its_http_client_is_done_with():
+    # At exit Kopf's cleanup closes the client while the writers flush: a retry cannot help.
+    http = httpx.AsyncClient()
+    await http.aclose()
+    tick = pushing_tick(http)
     pod = PodView("p1", "uid1", "127.0.0.9", ready=True, terminating=False)
     await tick.push([pod], 8)
     assert tick.memo.applied == {}
@@ -151,14 +156,7 @@ async def test_only_a_pod_that_refuses_the_token_has_it_read_again():
     refusing = ThreadingHTTPServer(("127.0.0.214", RUNTIME_PORT), RefusesTheToken)
     threading.Thread(target=refusing.serve_forever, daemon=True).start()
     async with httpx.AsyncClient(timeout=2.0) as http:
-        tick = ServiceTick(
-            Shared(kube=None, config=OperatorConfig(), http=http),  # type: ignore[arg-type]
-            LoopMemo(admin_token="t0ken-of-the-pods"),
-            "chat",
-            "team-a",
-            {},  # type: ignore[arg-type]
-            logging.getLogger("test"),  # type: ignore[arg-type]
-        )
+        tick = pushing_tick(http)
         silent = PodView("p1", "uid1", "127.0.0.213", ready=True, terminating=False)  # refused
         await tick.push([silent], 8)
         assert tick.memo.admin_token == "t0ken-of-the-pods"
