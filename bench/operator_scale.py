@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ RECORDING_RULES = ROOT / "charts" / "wok" / "files" / "recording_rules.yaml"
 NAMESPACE = "opscale"
 TICK_HISTOGRAM = "wok_operator_control_loop_seconds"
 KUBE_CALLS = "wok_operator_kube_call_seconds"
+WRITE_LAG = "wok_operator_write_lag_seconds"
 QUERY_HANDLER = "/api/v1/query"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # which component a process of the run is, by its command line (first match)
@@ -487,6 +489,31 @@ def query_log_summary(path: Path, since: float, until: float, top: int = 8) -> d
     }
 
 
+def quantiles_by_label(
+    before: dict[tuple[str, frozenset], float],
+    after: dict[tuple[str, frozenset], float],
+    histogram: str,
+    label: str,
+    wall: float,
+) -> dict[str, dict[str, float | None]]:
+    """Per value of `label`, the histogram's rate and bucket-interpolated P50 and P99 over the
+    window."""
+    out = {}
+    values = {dict(labels)[label] for (n, labels) in after if n == f"{histogram}_count"}
+    for value in sorted(values):
+        now = {
+            float(dict(labels)["le"]): v - before.get((n, labels), 0.0)
+            for (n, labels), v in after.items()
+            if n == f"{histogram}_bucket" and dict(labels)[label] == value
+        }
+        out[value] = {
+            "per_s": round(now.get(math.inf, 0.0) / wall, 3),
+            "p50_s": tick_quantile(0.5, now),
+            "p99_s": tick_quantile(0.99, now),
+        }
+    return out
+
+
 def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dict[str, Any]:
     before, after = m["before"], m["after"]
     wall = after.at - before.at
@@ -529,20 +556,7 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         if name == "apiserver_request_total" and fields.get("verb") not in ("GET", "LIST", "WATCH"):
             key = f"{fields.get('verb')} {fields.get('resource')}/{fields.get('subresource', '')}"
             by_resource[key] += value - ap_b.get((name, labels), 0.0)
-    kube_calls = {}
-    calls = {dict(labels)["call"] for (n, labels) in op_a if n == f"{KUBE_CALLS}_count"}
-    for call in sorted(calls):
-        now = {
-            float(dict(labels)["le"]): v - op_b.get((n, labels), 0.0)
-            for (n, labels), v in op_a.items()
-            if n == f"{KUBE_CALLS}_bucket" and dict(labels)["call"] == call
-        }
-        count = now.get(math.inf, 0.0)
-        kube_calls[call] = {
-            "per_s": round(count / wall, 3),
-            "p50_s": tick_quantile(0.5, now),
-            "p99_s": tick_quantile(0.99, now),
-        }
+    kube_calls = quantiles_by_label(op_b, op_a, KUBE_CALLS, "call", wall)
     engine_s = total(pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     engine_s -= total(pr_b, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     status_writes = total(op_a, "wok_operator_status_writes_total") - total(
@@ -569,6 +583,7 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
         "kube_calls": kube_calls,
+        "write_lag": quantiles_by_label(op_b, op_a, WRITE_LAG, "kind", wall),
         "tick_buckets_window": {
             ("+Inf" if math.isinf(k) else f"{k:g}"): v for k, v in sorted(delta.items())
         },
@@ -635,6 +650,20 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
     }
 
 
+def create_all(kubeconfig: Path, docs: list[dict[str, Any]], streams: int = 4) -> float:
+    """Create the InferenceServices in `streams` kubectl processes at once (one POST each, no
+    client-side apply's read first); returns the seconds it took."""
+
+    def create(chunk: list[dict[str, Any]]) -> str:
+        text = yaml.safe_dump_all(chunk)
+        return kubectl(kubeconfig, "create", "-n", NAMESPACE, "-f", "-", stdin=text)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(create, [docs[i::streams] for i in range(streams) if docs[i::streams]]))
+    return time.monotonic() - started
+
+
 def start_metrics_source(kubeconfig: Path, run_dir: Path, run_marker: str) -> subprocess.Popen:
     """bench/emulated_pod_metrics.py for the namespace: every emulated pod's series and admin
     API, on the pod's own IP (it is stopped with the run's other processes, by its marker)."""
@@ -680,7 +709,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         install_crds(kc)
         kubectl(kc, "create", "namespace", NAMESPACE)
         docs = [inference_service(f"s{i:03d}", args) for i in range(args.services)]
-        kubectl(kc, "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump_all(docs))
+        create_s = create_all(kc, docs)
+        print(f"{len(docs)} InferenceServices created in {create_s:.1f} s", file=sys.stderr)
         if args.emulated:
             start_metrics_source(kc, run_dir, run_marker)
         operator = OperatorProcess(
@@ -715,6 +745,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         out["query_log"] = query_log_summary(query_log, window_end - window, window_end)
         out["series_in_window"] = series_over_window(prometheus, window)
         out["pods_ready_s"] = round(pods_ready_s, 1)
+        out["services_created_s"] = round(create_s, 1)
         out["operator_restarts"] = 0 if operator.alive() else 1
     finally:
         if operator is not None:
@@ -845,6 +876,17 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
     return "\n".join(lines) + "\n"
 
 
+def per_label(quantiles: dict[str, dict[str, Any]] | None) -> str:
+    """A table cell: `quantiles_by_label`'s figures, one line per label value."""
+    return (
+        "<br>".join(
+            f"{value} {c['per_s']:.2f}/s, {ms(c['p50_s'])} / {ms(c['p99_s'])}"
+            for value, c in (quantiles or {}).items()
+        )
+        or "–"
+    )
+
+
 def scale_table(results: list[dict[str, Any]]) -> str:
     """bench/results/operator_scale.md: emulated runs side by side, by the number of services."""
     results = sorted(results, key=lambda r: (r["services"], r.get("label") is None))
@@ -871,6 +913,10 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         row("control interval", lambda r: f"{r['interval_s']} s"),
         row("measured", lambda r: f"{r['measured_s']:.0f} s"),
         row("services reading signals (end)", lambda r: str(r["services_active_at_end"])),
+        row(
+            "every pod ready, from the operator's start",
+            lambda r: f"{r['pods_ready_s']:.0f} s" if "pods_ready_s" in r else "–",
+        ),
         row("operator CPU", lambda r: f"{r['operator_cpu_cores']:.3f} cores"),
         row(
             "operator RSS (peak)",
@@ -882,14 +928,12 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         row("tick P50", lambda r: ms(r["tick_p50_s"])),
         row("tick P99", lambda r: ms(r["tick_p99_s"])),
         row(
-            "a tick's API calls: per s, P50 / P99 by call",
-            lambda r: (
-                "<br>".join(
-                    f"{call} {c['per_s']:.2f}/s, {ms(c['p50_s'])} / {ms(c['p99_s'])}"
-                    for call, c in (r.get("kube_calls") or {}).items()
-                )
-                or "–"
-            ),
+            "the loops' API calls: per s, P50 / P99 by call",
+            lambda r: per_label(r.get("kube_calls")),
+        ),
+        row(
+            "write lag (tick → landed): per s, P50 / P99 by kind",
+            lambda r: per_label(r.get("write_lag")),
         ),
         row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
         row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),

@@ -194,10 +194,10 @@ def stored_deployment(service: str, replicas: int) -> dict[str, Any]:
 
 def install_crds(kubeconfig: Path) -> None:
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD))
-    kubectl(
-        kubeconfig,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/inferenceservices.wok.dev",
+    # Not `kubectl wait --for=condition=Established`: it fails at once on a CRD whose status has
+    # no conditions yet (".status.conditions accessor error").
+    jsonpath = '-o=jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    wait_for(
+        lambda: kubectl(kubeconfig, "get", "crd/inferenceservices.wok.dev", jsonpath) == "True",
+        "the InferenceService CRD established",
     )

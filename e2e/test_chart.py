@@ -172,8 +172,8 @@ def test_chart_rbac_runs_two_replicas_end_to_end_and_grants_no_more(
             "the runtime pod is ready",
             120,
         )
-        # A Deployment scaled by hand: on its status heartbeat the loop rereads the count and
-        # scales it back to the law's through deployments/scale.
+        # A Deployment scaled by hand: the loop sees it through its watch of the Deployments (the
+        # chart's list/watch) and scales it back to the law's through deployments/scale.
         kubectl(kc, "scale", "deployment", "chart-runtime", "-n", ns, "--replicas=2")
         wait_for(
             lambda: get_json(kc, "deployment", "chart-runtime", "-n", ns)["spec"]["replicas"] == 1,

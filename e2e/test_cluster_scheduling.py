@@ -21,24 +21,25 @@ def _gpu_container(gpus: int) -> dict:
     }
 
 
+def _gpu_deployment(name: str, replicas: int) -> dict:
+    labels = {"app": name}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [_gpu_container(1)]},
+            },
+        },
+    }
+
+
 def test_gpu_deployment_runs_one_pod_per_gpu_request(wok_cluster, wok_namespace):
     ns = wok_namespace
-    labels = {"app": "gpu-3"}
     with wok_cluster.api() as api:
-        api.create(
-            f"/apis/apps/v1/namespaces/{ns}/deployments",
-            {
-                "metadata": {"name": "gpu-3"},
-                "spec": {
-                    "replicas": 3,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {"containers": [_gpu_container(1)]},
-                    },
-                },
-            },
-        )
+        api.create(f"/apis/apps/v1/namespaces/{ns}/deployments", _gpu_deployment("gpu-3", 3))
 
         def running_pods() -> list[dict] | None:
             pods = api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="app=gpu-3")["items"]
@@ -95,3 +96,32 @@ def test_pod_wanting_more_gpus_than_any_node_stays_pending(wok_cluster, wok_name
             what="a FailedScheduling event for greedy",
         )
         assert "Insufficient nvidia.com/gpu" in events[0]["message"]
+
+
+def test_a_service_over_ready_pods_makes_the_controllers_no_work(wok_cluster, wok_namespace):
+    # Pod IPs here are loopback, which no EndpointSlice may hold: the endpoint controllers are off
+    # (with them, every Service over a ready pod failed and retried, a Warning event each time).
+    ns, labels = wok_namespace, {"app": "served"}
+    with wok_cluster.api() as api:
+        api.create(
+            f"/api/v1/namespaces/{ns}/services",
+            {"metadata": {"name": "served"}, "spec": {"selector": labels, "ports": [{"port": 80}]}},
+        )
+        api.create(f"/apis/apps/v1/namespaces/{ns}/deployments", _gpu_deployment("served", 1))
+        wait_until(
+            lambda: (
+                api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/served")["status"].get(
+                    "readyReplicas"
+                )
+                == 1
+            ),
+            timeout=60,
+            what="deployment served readyReplicas == 1",
+        )
+        slices = api.get(
+            f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+            labelSelector="kubernetes.io/service-name=served",
+        )["items"]
+        assert slices == []
+        reasons = {e["reason"] for e in api.get(f"/api/v1/namespaces/{ns}/events")["items"]}
+        assert "FailedToUpdateEndpointSlices" not in reasons, reasons

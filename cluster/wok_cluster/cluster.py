@@ -72,7 +72,11 @@ class Cluster:
                 "--use-service-account-credentials=true",
                 f"--root-ca-file={self.control_plane.pki.ca_cert}",
                 f"--service-account-private-key-file={self.control_plane.pki.sa_key}",
-                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,"
+                # Pods here have loopback IPs, which no Endpoints or EndpointSlice may hold: these
+                # controllers only fail and retry, a Warning event each time (1,638 events in 3
+                # minutes with 300 Services), loading the apiserver everything else waits on.
+                "-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
                 # KWOK is every node's kubelet, starved of CPU when tests load the machine: a
                 # late heartbeat must not mark nodes NotReady and their pods unready
                 "--node-monitor-grace-period=2m",

@@ -91,15 +91,6 @@ class Kube:
         secret = self.core.read_namespaced_secret(admin_secret_name(service), namespace)
         return base64.b64decode(secret.data[ADMIN_TOKEN_KEY]).decode()
 
-    def deployment_replicas(self, service: str, namespace: str) -> int | None:
-        try:
-            scale = self.apps.read_namespaced_deployment_scale(runtime_name(service), namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return scale.spec.replicas
-
     def service_replicas(self, service: str, namespace: str) -> int | None:
         """The InferenceService's spec.replicas, read through the scale subresource that
         kubectl scale, an HPA or KEDA write (None: the service is gone)."""
@@ -120,6 +111,14 @@ class Kube:
             {"spec": {"replicas": replicas}},
             field_manager="wok-autoscaler",
         )
+
+    def scale_to_owner(self, service: str, namespace: str) -> None:
+        """Beside an external owner (an HPA, KEDA, kubectl scale): the owner's count as it is now,
+        read through the service's scale subresource, goes to the Deployment; never a count that
+        a tick read before the owner's last write."""
+        owned = self.service_replicas(service, namespace)
+        if owned is not None:
+            self.scale(service, namespace, owned)
 
     def set_batch_size(self, service: str, namespace: str, batch_size: int) -> None:
         """The ConfigMap new pods read at start, so a scale-up never resets the batch size."""

@@ -2,7 +2,9 @@
 
 Handlers are short and idempotent; the work is in pure functions (`resources`, `budget`, `loop`,
 `control`). Results go to status. Blocking Kubernetes calls run in threads, pod admin calls are
-async, and each service has its own daemon, so a slow service never delays another.
+async, and each service has its own daemon, so a slow service never delays another. A tick reads
+only memory (Kopf's indexes of the pods and Deployments, the shared Prometheus round) and hands
+its writes to the service's `writer.ServiceWriter`, so a slow apiserver never delays a tick.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,7 +34,6 @@ from wok_operator.loop import (
     TickResult,
     control_tick,
     decision_status,
-    heartbeat_due,
     memory_status,
     phase,
     pod_view,
@@ -54,6 +55,7 @@ from wok_operator.resources import (
     selector_text,
 )
 from wok_operator.signals import SignalsHub
+from wok_operator.writer import ServiceWriter
 
 T = TypeVar("T")
 
@@ -124,6 +126,15 @@ def runtime_pods(
     name: str, namespace: str, labels: kopf.Labels, meta: kopf.Meta, status: kopf.Status, **_: Any
 ) -> dict[tuple[str, str], PodView]:
     return {(namespace, labels.get(SERVICE_LABEL, "")): pod_view(name, dict(meta), dict(status))}
+
+
+@kopf.index("deployments", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+def runtime_replicas(
+    namespace: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], int]:
+    """Each runtime Deployment's spec.replicas, from the watch: a `kubectl scale` of it is seen at
+    the next tick, without a read per tick."""
+    return {(namespace, labels.get(SERVICE_LABEL, "")): int(spec.get("replicas") or 0)}
 
 
 # --- reconcile: desired state ---------------------------------------------------------------------
@@ -227,8 +238,13 @@ class LoopMemo:
     state: LoopState | None = None
     applied: dict[str, int] = field(default_factory=dict)  # pod uid → batch size confirmed
     last_digest: tuple[Any, ...] | None = None  # `loop.status_digest` of the last write
-    last_write_at: float | None = None  # time.monotonic() of the last status write
-    scaled_to: int | None = None  # the replica count the Deployment was last seen or set at
+    last_write_at: float | None = None  # time.monotonic() of the last status write (submitted)
+    # The last scale handed to the writer, and the count the Deployment showed then: until the
+    # watch shows the Deployment moving, the same scale is not sent again.
+    scaled_to: int | None = None
+    scaled_from: int | None = None
+    admin_token: str | None = None  # read once; a pod that refuses it has it read again
+    writer: ServiceWriter = field(default_factory=ServiceWriter)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=1.0)
@@ -241,29 +257,37 @@ async def control_loop(
     memo: kopf.Memo,
     logger: kopf.Logger,
     runtime_pods: kopf.Index[tuple[str, str], PodView],
+    runtime_replicas: kopf.Index[tuple[str, str], int],
     **_: Any,
 ) -> None:
     wok = shared(memo)
-    loop_memo = LoopMemo()
+    key = (namespace, name)
+    loop_memo = LoopMemo(writer=ServiceWriter(f"{namespace}/{name}"))
+    loop_memo.writer.start()
     try:
         # Each service ticks at its own phase of the interval, not with every other at once.
         interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
-        await stopped.wait(phase((namespace, name), interval))
+        await stopped.wait(phase(key, interval))
         while not stopped:
             interval = float(spec.get("scaling", {}).get("intervalSeconds", 5))
             started = time.monotonic()
             with metrics.CONTROL_LOOP_SECONDS.time():
                 try:
-                    pods = list(runtime_pods.get((namespace, name), []))
-                    await ServiceTick(wok, loop_memo, name, namespace, body, logger).run(pods)
+                    pods = list(runtime_pods.get(key, []))
+                    deployed = next(iter(runtime_replicas.get(key, [])), None)
+                    tick = ServiceTick(wok, loop_memo, name, namespace, body, logger)
+                    await tick.run(pods, deployed=deployed)
                 except (ApiException, httpx.HTTPError, OSError) as error:
                     metrics.RECONCILE_ERRORS.inc()
                     logger.warning("control tick failed, retrying next tick: %s", error)
                     kopf.warn(body, reason="ControlTickFailed", message=str(error)[:500])
             await stopped.wait(max(0.1, interval - (time.monotonic() - started)))
     finally:
+        # The last checkpoint lands before the daemon ends (within Kopf's cancellation timeout);
+        # a deleted service's writes end at their 404.
+        await loop_memo.writer.close(timeout=5.0)
         # The daemon ends when the service is deleted: its series must not outlive it.
-        metrics.forget_service((namespace, name))
+        metrics.forget_service(key)
 
 
 @dataclass
@@ -282,7 +306,9 @@ class ServiceTick:
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
-    async def run(self, pods: list[PodView]) -> None:
+    async def run(self, pods: list[PodView], *, deployed: int | None) -> None:
+        """`deployed`: the Deployment's replica count as the watch last showed it (None: not seen
+        yet)."""
         try:
             spec, plan = validated(self.body.get("spec", {}))
         except ValueError:
@@ -303,9 +329,9 @@ class ServiceTick:
         )
         export_service_metrics(self.key, spec, result)
         ensure_leading(self.wok)
-        heartbeat = await self.record(status, plan, result, metrics_error)
+        self.record(status, plan, result, metrics_error)
         external = spec.scaling.replicas == "external"
-        await self.act(result.decision, pods, heartbeat=heartbeat, external=external)
+        self.act(result.decision, pods, deployed=deployed, external=external)
         self.memo.state = result.decision.state  # the tick is done: the next one starts here
 
     async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None]:
@@ -324,15 +350,15 @@ class ServiceTick:
             return ServiceSignals(), rnd.error
         return rnd.signals(self.key, window, budget_window), None
 
-    async def record(
+    def record(
         self,
         status: dict[str, Any],
         plan: MemoryBudget,
         result: TickResult,
         metrics_error: str | None,
-    ) -> bool:
-        """The status first (so a reconcile in between renders the new numbers), and an Event per
-        knob that moved. Returns whether this write was the heartbeat."""
+    ) -> None:
+        """The status to the writer first (so a reconcile in between renders the new numbers),
+        and an Event per knob that moved (Kopf posts Events from its own queue)."""
         decision = result.decision
         now = cond.now_iso()
         generation = self.body.get("metadata", {}).get("generation")
@@ -353,14 +379,15 @@ class ServiceTick:
         digest = status_digest(patch)
         last = self.memo.last_write_at
         since_write = None if last is None else time.monotonic() - last
-        heartbeat = heartbeat_due(since_write)
         if status_due(
             digest,
             self.memo.last_digest,
             decided_change=decision.changed,
             since_write_s=since_write,
         ):
-            await kube_call(self.wok.kube.patch_status, self.name, self.namespace, patch)
+            self.memo.writer.submit(
+                "status", kube_write(self.wok.kube.patch_status, self.name, self.namespace, patch)
+            )
             written_at = time.monotonic()
             if last is None:  # the first heartbeat comes at the service's phase of the period
                 written_at -= phase(self.key, STATUS_HEARTBEAT_S / 2)
@@ -374,43 +401,88 @@ class ServiceTick:
                 direction = "up" if after > before else "down"
                 metrics.DECISIONS.labels(knob=knob, direction=direction).inc()
                 kopf.info(self.body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
-        return heartbeat
 
-    async def act(
-        self, decision: Decision, pods: list[PodView], *, heartbeat: bool, external: bool = False
+    def act(
+        self,
+        decision: Decision,
+        pods: list[PodView],
+        *,
+        deployed: int | None,
+        external: bool = False,
     ) -> None:
-        """The world follows the decision: the ConfigMap, the Deployment's replicas, the pods."""
-        kube = self.wok.kube
+        """The world follows the decision, through the writer: the ConfigMap, the Deployment's
+        replicas (when the watch shows them elsewhere: someone may have scaled by hand; the law's
+        number wins), the pods."""
+        kube, memo = self.wok.kube, self.memo
         if decision.batch != decision.batch_before:
-            await kube_call(kube.set_batch_size, self.name, self.namespace, decision.batch)
-        if decision.replicas != self.memo.scaled_to or heartbeat:
-            # Read before writing: someone may have scaled by hand; the law's number wins.
-            current = await kube_call(kube.deployment_replicas, self.name, self.namespace)
-            target: int | None = decision.replicas
-            if external and current is not None and current != target:
-                # The owner (an HPA, KEDA, kubectl scale) may have written the service since this
-                # tick read it: its latest count goes to the Deployment, never an older one back.
-                target = await kube_call(kube.service_replicas, self.name, self.namespace)
-            if current is not None and target is not None and current != target:
-                await kube_call(kube.scale, self.name, self.namespace, target)
-            self.memo.scaled_to = target if current is not None else None
-        await _push_to_pods(
-            self.wok,
-            self.memo,
-            self.name,
-            self.namespace,
-            pods,
-            decision.batch,
-            self.body,
-            self.logger,
-        )
+            memo.writer.submit(
+                "batch", kube_write(kube.set_batch_size, self.name, self.namespace, decision.batch)
+            )
+        target = decision.replicas
+        if deployed == target:
+            memo.scaled_to = memo.scaled_from = None
+        elif deployed is not None and (memo.scaled_to, memo.scaled_from) != (target, deployed):
+            # With an external owner (an HPA, KEDA, kubectl scale), the writer rereads its count
+            # before it writes: a tick that read the service before the owner's last write never
+            # carries the older count back.
+            write = (
+                kube_write(kube.scale_to_owner, self.name, self.namespace)
+                if external
+                else kube_write(kube.scale, self.name, self.namespace, target)
+            )
+            memo.writer.submit("replicas", write)
+            memo.scaled_to, memo.scaled_from = target, deployed
+        todo = pods_to_push(memo, pods, decision.batch)
+        if todo and self.wok.http is not None:
+            # Latest wins: a newer batch replaces one not pushed yet.
+            memo.writer.submit("pods", lambda: self.push(todo, decision.batch))
+
+    async def push(self, pods: list[PodView], batch: int) -> None:
+        """The batch size to every pod in `pods`; a pod that misses it is retried next tick."""
+        memo, http = self.memo, self.wok.http
+        if http is None or http.is_closed:
+            return  # the operator is stopping (its cleanup closed the client): nothing to retry
+        if memo.admin_token is None:
+            memo.admin_token = await kube_call(self.wok.kube.admin_token, self.name, self.namespace)
+        results = await push_batch_size(http, [p.ip for p in pods if p.ip], memo.admin_token, batch)
+        for pod in pods:
+            outcome = results.get(pod.ip or "")
+            if isinstance(outcome, int):
+                memo.applied[pod.uid] = batch
+                if outcome != batch:
+                    self.logger.info(
+                        "pod %s clamped batch %d to its capacity %d", pod.name, batch, outcome
+                    )
+            else:
+                if "401" in outcome:  # a token refused (the Secret made anew?) is read again
+                    memo.admin_token = None
+                self.logger.warning(
+                    "pod %s missed batch %d (%s); retry next tick", pod.name, batch, outcome
+                )
+                kopf.warn(self.body, reason="BatchPushFailed", message=f"pod {pod.name}: {outcome}")
+
+
+def pods_to_push(memo: LoopMemo, pods: list[PodView], batch: int) -> list[PodView]:
+    """The ready pods that have not confirmed `batch` (and forget the pods that are gone)."""
+    live = {pod.uid for pod in pods}
+    memo.applied = {uid: b for uid, b in memo.applied.items() if uid in live}
+    return [p for p in pods if p.ready and p.ip and memo.applied.get(p.uid) != batch]
 
 
 async def kube_call(call: Callable[..., T], *args: Any) -> T:
-    """A blocking Kubernetes call of a tick, in a thread, timed by call: a tick's latency is its
-    API calls' (the law itself takes milliseconds), and this says which."""
+    """A blocking Kubernetes call of a control loop, in a thread, timed by call: how long the
+    apiserver takes to answer each kind of write."""
     with metrics.KUBE_CALL_SECONDS.labels(call=call.__name__).time():
         return await asyncio.to_thread(call, *args)
+
+
+def kube_write(call: Callable[..., Any], *args: Any) -> Callable[[], Awaitable[None]]:
+    """`call(*args)` as a write for the service's writer, sent when its turn comes."""
+
+    async def write() -> None:
+        await kube_call(call, *args)
+
+    return write
 
 
 def export_service_metrics(
@@ -427,32 +499,3 @@ def export_service_metrics(
         batch=decision.batch,
         replicas=decision.replicas,
     )
-
-
-async def _push_to_pods(
-    wok: Shared,
-    loop_memo: LoopMemo,
-    name: str,
-    namespace: str,
-    pods: list[PodView],
-    batch: int,
-    body: kopf.Body,
-    logger: kopf.Logger,
-) -> None:
-    """Every ready pod that has not confirmed `batch` gets it; a pod that misses it is retried."""
-    live = {pod.uid for pod in pods}
-    loop_memo.applied = {uid: b for uid, b in loop_memo.applied.items() if uid in live}
-    todo = [p for p in pods if p.ready and p.ip and loop_memo.applied.get(p.uid) != batch]
-    if not todo or wok.http is None:
-        return
-    token = await kube_call(wok.kube.admin_token, name, namespace)
-    results = await push_batch_size(wok.http, [p.ip for p in todo if p.ip], token, batch)
-    for pod in todo:
-        outcome = results.get(pod.ip or "")
-        if isinstance(outcome, int):
-            loop_memo.applied[pod.uid] = batch
-            if outcome != batch:
-                logger.info("pod %s clamped batch %d to its capacity %d", pod.name, batch, outcome)
-        else:
-            logger.warning("pod %s missed batch %d (%s); retry next tick", pod.name, batch, outcome)
-            kopf.warn(body, reason="BatchPushFailed", message=f"pod {pod.name}: {outcome}")

@@ -16,13 +16,27 @@ RECONCILE_ERRORS = Counter(
 )
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTROL_LOOP_SECONDS = Histogram(
-    "wok_operator_control_loop_seconds", "Duration of one control-loop tick", buckets=TICK_BUCKETS
+    "wok_operator_control_loop_seconds",
+    "Duration of one control-loop tick: observe and decide (its writes are the writer's)",
+    buckets=TICK_BUCKETS,
 )
 KUBE_CALL_SECONDS = Histogram(
     "wok_operator_kube_call_seconds",
-    "Duration of a control tick's Kubernetes API call, by call (patch_status, ...)",
+    "Duration of a control loop's Kubernetes API call, by call (patch_status, ...)",
     ["call"],
     buckets=TICK_BUCKETS,
+)
+WRITE_LAG_SECONDS = Histogram(
+    "wok_operator_write_lag_seconds",
+    "From the tick that decided a write to the write landing, by kind (status, batch, replicas, "
+    "pods): how far the apiserver is behind the control loops",
+    ["kind"],
+    buckets=(*TICK_BUCKETS, 30.0, 60.0),
+)
+WRITE_ERRORS = Counter(
+    "wok_operator_write_errors",
+    "Control-loop writes that failed (retried with backoff) or were refused for good, by kind",
+    ["kind"],
 )
 PROMQL_REQUESTS = Counter(
     "wok_operator_promql_requests", "PromQL queries sent (one round serves every service)"

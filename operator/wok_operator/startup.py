@@ -12,13 +12,20 @@ from kubernetes import client, config
 from wok_operator.actuate import Kube
 from wok_operator.handlers import OperatorConfig, Shared
 
+#: Connections kept to the apiserver: one per thread that may call it at once (Kopf's 16 for the
+#: reconciles, the loop's default executor for the writers). With the client's default of 10,
+#: every call past the tenth opened and closed a TLS connection of its own.
+KUBE_CONNECTIONS = 32
+
 
 def load_kube_config() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = KUBE_CONNECTIONS
+    return client.ApiClient(configuration)
 
 
 @kopf.on.startup()

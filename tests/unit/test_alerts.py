@@ -142,6 +142,7 @@ async def test_service_gauges_follow_each_tick_and_go_with_the_service():
         memo=SimpleNamespace(wok=None),
         logger=None,
         runtime_pods={},
+        runtime_replicas={},
     )
     assert service_gauges(key) == [None] * 5
     assert service_gauges(key, "tpot") == [None] * 5

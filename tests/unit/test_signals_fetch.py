@@ -165,3 +165,22 @@ async def test_a_prometheus_whose_recorded_series_were_missing_is_probed_again_s
     await hub.close()
     assert hub.recorded[url][0] is True and rnd.error is None
     assert hub.recorded[url][1] > time.monotonic() - RECORDED_CHECK_S  # trusted for longer
+
+
+async def test_a_round_is_fetched_while_the_loops_threads_wait_on_the_apiserver(
+    counting_prometheus,
+):
+    # The control loops' Kubernetes writes fill the event loop's default executor (its every
+    # thread waits on a slow apiserver): the round must not queue behind them.
+    _, url = counting_prometheus
+    apiserver = threading.Event()
+    loop = asyncio.get_running_loop()
+    writes = [loop.run_in_executor(None, apiserver.wait, 30) for _ in range(64)]
+    hub = SignalsHub()
+    try:
+        first = await asyncio.wait_for(hub.get(url, ("ns", "s"), window=60, max_age_s=1.0), 5.0)
+        assert first.error is None and first.vectors["waiting"] == {("ns", "s"): 2.0}
+    finally:
+        apiserver.set()
+        await asyncio.gather(*writes)
+        await hub.close()

@@ -168,6 +168,7 @@ async def test_a_control_loop_first_waits_its_services_phase():
         memo=SimpleNamespace(wok=None),
         logger=None,
         runtime_pods={},
+        runtime_replicas={},
     )
     assert stopped.waits == [phase(("team-a", "chat"), 7.0)]
 
