@@ -12,10 +12,12 @@ from wok.cli import build_parser
 from wok_cluster.backed_pod import emulate_gpu
 from wok_cluster.devenv import operator_argv
 from wok_cluster.expand import expand, field_ref
-from wok_cluster.netutil import pick_pod_octet, require_loopback
+from wok_cluster.netutil import claim_pod_octet, require_loopback
 from wok_cluster.nodes import gpu_node, pod_cidr
 from wok_cluster.prometheus import scrape_config
 from wok_cluster.volumes import rewrite
+
+pytestmark = pytest.mark.unit  # pure code: no cluster, no process
 
 POD = {
     "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
@@ -64,12 +66,30 @@ def test_nodes_have_gpus_and_loopback_pod_cidrs():
         pod_cidr(255, 42)
 
 
-def test_pod_networks_avoid_busy_loopback_ranges():
+def test_pod_networks_avoid_busy_loopback_ranges(monkeypatch):
+    monkeypatch.setattr("random.shuffle", lambda choices: choices.sort(key=lambda x: x != 77))
     with socket.socket() as busy:
         busy.bind(("127.77.0.1", 0))
         busy.listen()
-        assert all(pick_pod_octet() != 77 for _ in range(300))
-    assert 2 <= pick_pod_octet() <= 254
+        octet, claim = claim_pod_octet()  # 77 is tried first, unless something listens in it
+        claim.close()
+    assert octet != 77
+    assert 2 <= octet <= 254
+
+
+def test_clusters_that_start_together_never_share_a_pod_network(monkeypatch):
+    # The worst draw: every cluster tries the same networks in the same order, before any of
+    # them has a pod listening (two test workers starting their clusters at once).
+    monkeypatch.setattr("random.shuffle", lambda choices: None)
+    claims = [claim_pod_octet() for _ in range(3)]
+    try:
+        assert len({octet for octet, _ in claims}) == 3
+    finally:
+        for _, claim in claims:
+            claim.close()
+    again, claim = claim_pod_octet()  # a closed claim frees its network
+    claim.close()
+    assert again == claims[0][0]
 
 
 def test_only_loopback_is_allowed():

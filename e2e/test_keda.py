@@ -25,7 +25,7 @@ from wok_cluster.process import processes_marked
 from wok_cluster.waiting import wait_until
 from wok_sim.baselines import WAITING_TARGET
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a minute or more: started first
 
 NAME = "llm"
 MAX_REPLICAS = 3

@@ -38,7 +38,7 @@ from test_operator_control import distinct, pod_batch_size, ready_ips
 from wok_cluster.kubeapi import KubeError
 from wok_operator.resources import FIELD_MANAGER
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a minute or more: started first
 
 NAME = "loop"  # the service name test_operator_control's ready_ips knows
 REST_S = 60  # at rest: four of the HPA's 15 s syncs and twelve operator ticks write nothing

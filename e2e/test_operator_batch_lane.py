@@ -16,7 +16,7 @@ import yaml
 from operator_harness import OperatorProcess, condition, get_json, install_crds, kubectl, wait_for
 from test_operator_control import Load, ready_ips
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a minute or more: started first
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "loop"  # the service name the control test's helpers (ready_ips) know

@@ -19,7 +19,7 @@ from operator_harness import OperatorProcess, condition, get_json, install_crds,
 from prometheus_client.parser import text_string_to_metric_families
 from replica_audit import Audit
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a minute or more: started first
 
 SCALE_DOWN_WINDOW_S = 20
 TTFT_SLO_S = 600.0  # far off: phase 1 must scale on demand, not on a TTFT breach

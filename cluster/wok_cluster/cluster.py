@@ -12,7 +12,7 @@ import httpx
 
 from wok_cluster.apiserver import ControlPlane
 from wok_cluster.kubeapi import KubeApi, KubeError
-from wok_cluster.netutil import free_port, pick_pod_octet
+from wok_cluster.netutil import claim_pod_octet, free_port
 from wok_cluster.nodes import KWOK_ANNOTATION, gpu_node
 from wok_cluster.process import Supervisor
 from wok_cluster.waiting import wait_until
@@ -41,7 +41,7 @@ class Cluster:
         self.with_backer = backer
         self.supervisor = Supervisor(run_marker=str(self.run_dir))
         self.backer_dir = self.run_dir / "backer"
-        self.pod_octet = pick_pod_octet()
+        self.pod_octet, self._pod_network_claim = claim_pod_octet()
         # every pod IP of this cluster is in here; nodes get /24s of it
         self.pod_network = f"127.{self.pod_octet}.0.0/16"
         self.ready_seconds: float | None = None
@@ -144,6 +144,7 @@ class Cluster:
             from wok_cluster.backer import kill_leftover_pods
 
             kill_leftover_pods(self.backer_dir)
+        self._pod_network_claim.close()
 
     def _start_backer(self, deadline: float) -> None:
         ready_file = self.backer_dir / "ready"

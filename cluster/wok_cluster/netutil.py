@@ -48,18 +48,35 @@ def _busy_second_octets() -> set[int]:
     return busy
 
 
-def pick_pod_octet() -> int:
-    """A free X for this cluster's pod network 127.X.0.0/16.
+# Where a cluster claims its pod network 127.X.0.0/16: a listening socket on 127.X.255.254, never a
+# pod's address (nodes take 127.X.N.0/24 with N < MAX_NODES = 255). The port is fixed so that
+# bind() itself is the claim: a second bind of the same address and port fails, atomically.
+CLAIM_HOST = "255.254"
+CLAIM_PORT = 65535
 
-    Several clusters run on one machine (a test session, `wok dev`, another engineer's tests);
-    sharing one pod network would put two pods on the same IP:port. X is random (2..254) and
-    skips networks where something is already listening.
+
+def claim_pod_octet() -> tuple[int, socket.socket]:
+    """A free X for this cluster's pod network 127.X.0.0/16, and the socket that holds it.
+
+    Several clusters run on one machine (the test workers of one run, `wok dev`, another
+    engineer's tests); sharing one pod network would put two pods on the same IP:port. X is random
+    (2..254), skips networks where something is already listening, and is claimed by a listening
+    socket at once: two clusters that start together never take the same X, though their pods
+    are not up yet. The claim lasts until the socket is closed (or its process ends).
     """
     busy = _busy_second_octets() | {0, 1}
     choices = [x for x in range(2, 255) if x not in busy]
-    if not choices:
-        raise RuntimeError("no free 127.X.0.0/16 pod network")
-    return random.choice(choices)
+    random.shuffle(choices)
+    for octet in choices:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((f"127.{octet}.{CLAIM_HOST}", CLAIM_PORT))
+        except OSError:  # another cluster's claim (or a server on every address at that port)
+            sock.close()
+            continue
+        sock.listen()
+        return octet, sock
+    raise RuntimeError("no free 127.X.0.0/16 pod network")
 
 
 # A private network for servers the apiserver must reach through an EndpointSlice, which refuses
