@@ -59,7 +59,7 @@ test: venv tools cluster-bin image-tools
 	$(call pytest_passes,unit or integration or e2e)
 
 test-unit: venv
-	$(call pytest_passes,unit)
+	$(PY) -m pytest -q -m unit
 
 # e2e/test_images.py is an integration test of the images
 test-integration: venv tools cluster-bin image-tools
