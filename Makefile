@@ -39,16 +39,17 @@ cluster-bin:
 	@if [ -x cluster/build.sh ]; then cluster/build.sh; fi
 
 # Two pytest passes (docs/testing.md): first the unit tier and the tests marked `serial` (timing
-# asserts, CPU-bound) alone, then the integration and e2e modules on $(WORKERS) workers, one module
-# per worker, each worker with its own cluster; they mostly wait on timers. The modules marked
-# `slow` start first (conftest.py orders them; xdist must keep that order). Both passes always
-# run; the target fails if either did. Exit 5 is pytest's "nothing selected".
+# asserts, CPU-bound) alone, then the integration and e2e modules on $(WORKERS) workers, each
+# worker with its own cluster; they mostly wait on timers. A module, or an xdist_group of modules
+# that must not overlap, is one unit of work (conftest.py groups); the modules marked `slow` start
+# first (conftest.py orders them; xdist must keep that order). Both passes always run; the target
+# fails if either did. Exit 5 is pytest's "nothing selected".
 WORKERS ?= 3
 define pytest_passes
 	@status=0; \
 	$(PY) -m pytest -q -m "($(1)) and (unit or serial)" || [ $$? = 5 ] || status=1; \
 	$(PY) -m pytest -q -m "($(1)) and not unit and not serial" \
-	  -n $(WORKERS) --dist loadfile --no-loadscope-reorder || [ $$? = 5 ] || status=1; \
+	  -n $(WORKERS) --dist loadgroup --no-loadscope-reorder || [ $$? = 5 ] || status=1; \
 	exit $$status
 endef
 

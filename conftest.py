@@ -2,7 +2,7 @@
 
 A module may mark itself; one that does not gets the tier of its directory. `make test` runs the
 unit tier and the tests marked `serial` alone first, then the rest on several workers, one module
-per worker, the modules marked `slow` first."""
+(or one xdist_group of modules) per worker, the modules marked `slow` first."""
 
 from __future__ import annotations
 
@@ -23,15 +23,27 @@ def directory_tier(path: Path) -> str | None:
     return next((t for d, t in TIER_OF_DIRECTORY.items() if path.is_relative_to(d)), None)
 
 
+# Before xdist's own hook, which reads the xdist_group marks into the work units.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(tier) for tier in TIERS):
-            continue
-        if item.path.is_relative_to(config.rootpath):
+        if item.path.is_relative_to(config.rootpath) and not any(
+            item.get_closest_marker(tier) for tier in TIERS
+        ):
             tier = directory_tier(item.path.relative_to(config.rootpath))
             if tier:
                 item.add_marker(tier)
-    # Long modules first (a stable sort keeps each module's tests together and in order): a
-    # worker that picks one up last would end the parallel pass minutes after the others.
-    long_modules = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in long_modules)
+        # One work unit per module (--dist loadgroup): a module's fixtures start once. Modules
+        # that share a named group run one after another on one worker, never side by side.
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    # The longest modules first (a stable sort keeps each module's tests together and in order):
+    # a worker that picks one up last would end the parallel pass minutes after the others.
+    minutes = {item.path: slow_minutes(item) for item in items}
+    items.sort(key=lambda item: -minutes[item.path])
+
+
+def slow_minutes(item: pytest.Item) -> float:
+    """How long its module takes alone, from `pytest.mark.slow(minutes=...)`: 1 if unsaid."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("minutes", 1))

@@ -23,7 +23,7 @@ from operator_harness import (
 
 from wok_operator.loop import STATUS_HEARTBEAT_S
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a minute or more: started first
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(minutes=1.5)]  # started first
 
 CHART = ROOT / "charts" / "wok"
 RELEASE = "wok"  # the chart's full name is then "wok": the ServiceAccount and the roles

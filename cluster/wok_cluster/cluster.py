@@ -33,12 +33,15 @@ class Cluster:
         nodes: int = 2,
         gpus_per_node: int = 8,
         backer: bool = True,
+        hpa_sync_seconds: float | None = None,
     ) -> None:
         self.control_plane = control_plane
         self.run_dir = control_plane.run_dir
         self.node_count = nodes
         self.gpus_per_node = gpus_per_node
         self.with_backer = backer
+        # None: the HPA controller's upstream sync period (15 s), as a real cluster has it
+        self.hpa_sync_seconds = hpa_sync_seconds
         self.supervisor = Supervisor(run_marker=str(self.run_dir))
         self.backer_dir = self.run_dir / "backer"
         self.pod_octet, self._pod_network_claim = claim_pod_octet()
@@ -76,6 +79,11 @@ class Cluster:
                 # KWOK is every node's kubelet, starved of CPU when tests load the machine: a
                 # late heartbeat must not mark nodes NotReady and their pods unready
                 "--node-monitor-grace-period=2m",
+                *(
+                    [f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_seconds:g}s"]
+                    if self.hpa_sync_seconds
+                    else []
+                ),
             ],
             log=self.run_dir / "kube-controller-manager.log",
         )
