@@ -21,6 +21,7 @@ from operator_harness import (
     wait_for,
 )
 
+from wok_cluster.kubeapi import wait_established
 from wok_operator.loop import STATUS_HEARTBEAT_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow(minutes=1.5)]  # started first
@@ -124,7 +125,8 @@ def test_chart_rbac_runs_two_replicas_end_to_end_and_grants_no_more(
     install += ["--set=replicas=0", f"--set=watchNamespaces={{{ns}}}", "--wait", "--timeout=60s"]
     installed = subprocess.run(install, capture_output=True, text=True, timeout=120, check=False)
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    kubectl(kc, "wait", "--for=condition=Established", "crd/inferenceservices.wok.dev")
+    with wok_apiserver.api() as api:
+        wait_established(api, ["inferenceservices.wok.dev"], timeout=30)
     sa = f"system:serviceaccount:{system}:{RELEASE}"
     sa_kubeconfig = wok_apiserver.service_account_kubeconfig(system, RELEASE)
 

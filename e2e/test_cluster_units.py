@@ -12,6 +12,7 @@ from wok.cli import build_parser
 from wok_cluster.backed_pod import emulate_gpu
 from wok_cluster.devenv import operator_argv
 from wok_cluster.expand import expand, field_ref
+from wok_cluster.kubeapi import crd_established
 from wok_cluster.netutil import claim_pod_octet, require_loopback
 from wok_cluster.nodes import gpu_node, pod_cidr
 from wok_cluster.prometheus import scrape_config
@@ -133,3 +134,13 @@ def test_wok_dev_operator_runs_the_operator_with_the_dev_clusters_flags():
     assert args.log_format == "plain" and args.verbose
     dev = build_parser().parse_args(["dev", "operator", "-n", "x", "--", "--verbose"])
     assert (dev.namespace, dev.operator_args) == ("x", ["--", "--verbose"])
+
+
+def test_a_crd_without_conditions_yet_is_not_established_rather_than_an_error():
+    # what a CRD looks like a moment after its create, on a loaded apiserver
+    assert not crd_established({"metadata": {"name": "x"}})
+    assert not crd_established({"status": {"conditions": None}})
+    names_accepted = {"type": "NamesAccepted", "status": "True"}
+    assert not crd_established({"status": {"conditions": [names_accepted]}})
+    established = {"type": "Established", "status": "True"}
+    assert crd_established({"status": {"conditions": [names_accepted, established]}})
