@@ -39,7 +39,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
     # The longest modules first (a stable sort keeps each module's tests together and in order):
     # a worker that picks one up last would end the parallel pass minutes after the others.
-    minutes = {item.path: slow_minutes(item) for item in items}
+    minutes: dict[Path, float] = {}
+    for item in items:
+        minutes[item.path] = max(minutes.get(item.path, 0.0), slow_minutes(item))
     items.sort(key=lambda item: -minutes[item.path])
 
 
