@@ -13,7 +13,7 @@ from wok_cluster.backed_pod import emulate_gpu
 from wok_cluster.devenv import operator_argv
 from wok_cluster.expand import expand, field_ref
 from wok_cluster.kubeapi import crd_established
-from wok_cluster.netutil import claim_pod_octet, require_loopback
+from wok_cluster.netutil import LISTEN_PORTS, claim_pod_octet, free_port, require_loopback
 from wok_cluster.nodes import gpu_node, pod_cidr
 from wok_cluster.prometheus import scrape_config
 from wok_cluster.volumes import rewrite
@@ -144,3 +144,18 @@ def test_a_crd_without_conditions_yet_is_not_established_rather_than_an_error():
     assert not crd_established({"status": {"conditions": [names_accepted]}})
     established = {"type": "Established", "status": "True"}
     assert crd_established({"status": {"conditions": [names_accepted, established]}})
+
+
+def test_listening_ports_avoid_the_ephemeral_range_and_each_worker_has_its_own(monkeypatch):
+    ephemeral = range(32768, 61000)  # the kernel's default ip_local_port_range
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert all(free_port() in LISTEN_PORTS for _ in range(50))
+    assert not set(LISTEN_PORTS) & set(ephemeral)
+    drawn = {}
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+        drawn[worker] = {free_port() for _ in range(50)}
+    assert not drawn["gw0"] & drawn["gw1"] and not drawn["gw1"] & drawn["gw2"]
+    assert not drawn["gw0"] & drawn["gw2"]
+    assert all(port in LISTEN_PORTS for ports in drawn.values() for port in ports)

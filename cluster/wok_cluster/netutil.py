@@ -4,6 +4,7 @@ harness's own addresses on `lo`, see HOST_LOCAL_NETWORK)."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import socket
 import subprocess
@@ -12,11 +13,41 @@ from pathlib import Path
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
+# Servers listen below the kernel's ephemeral range (32768-60999 by default), on a random free port:
+# outgoing connections never take one of these, and the kernel's own pick for bind(0) handed the
+# same just-freed port to two pytest workers starting their clusters at once (one etcd failed to
+# bind). Each xdist worker draws from its own slice, so workers of one run never pick alike.
+LISTEN_PORTS = range(20000, 32768)
+_draw = random.SystemRandom()  # independent of any seed a test sets
+_handed: set[int] = set()  # never twice in one process: a port handed out may not be bound yet
+
+
+def listen_ports() -> range:
+    """This process's share of LISTEN_PORTS: a slice per pytest-xdist worker, else all of it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or workers < 2:
+        return LISTEN_PORTS
+    size = len(LISTEN_PORTS) // workers
+    index = int(worker.removeprefix("gw")) % workers
+    return LISTEN_PORTS[index * size : (index + 1) * size]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out; every run picks its own, so runs never collide."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, for a server this run starts next."""
+    ports = listen_ports()
+    for _ in range(200):
+        port = _draw.choice(ports)
+        if port in _handed:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    raise RuntimeError(f"no free port in {ports.start}..{ports.stop - 1} after 200 tries")
 
 
 def is_loopback(address: str) -> bool:
