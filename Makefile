@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 WOK := $(VENV)/bin/wok
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-fast lint crds demo tools cluster-bin image-tools image clean
+.PHONY: all venv test test-unit test-integration test-e2e test-fast lint crds demo tools cluster-bin \
+  image-tools image clean
 
 all: test
 
@@ -37,11 +38,38 @@ tools:
 cluster-bin:
 	@if [ -x cluster/build.sh ]; then cluster/build.sh; fi
 
+# Two pytest passes (docs/testing.md): first the unit tier and the tests marked `serial` (timing
+# asserts, CPU-bound) alone, then the integration and e2e modules on $(WORKERS) workers, each
+# worker with its own cluster; they mostly wait on timers. A module, or an xdist_group of modules
+# that must not overlap, is one unit of work (conftest.py groups); the modules marked `slow` start
+# first (conftest.py orders them; xdist must keep that order). Both passes always run; the target
+# fails if either did. Exit 5 is pytest's "nothing selected".
+WORKERS ?= 3
+define pytest_passes
+	@status=0; \
+	$(PY) -m pytest -q -m "($(1)) and (unit or serial)" || [ $$? = 5 ] || status=1; \
+	$(PY) -m pytest -q -m "($(1)) and not unit and not serial" \
+	  -n $(WORKERS) --dist loadgroup --no-loadscope-reorder || [ $$? = 5 ] || status=1; \
+	exit $$status
+endef
+
 # The images go to the local store only: the tests write the one archive they check (the
 # runtime's is 6 GB, twice that while podman writes it).
 test: venv tools cluster-bin image-tools
 	$(PY) -m wok_cluster.images --no-archive
-	$(PY) -m pytest -q
+	$(call pytest_passes,unit or integration or e2e)
+
+test-unit: venv
+	$(PY) -m pytest -q -m unit
+
+# e2e/test_images.py is an integration test of the images
+test-integration: venv tools cluster-bin image-tools
+	$(PY) -m wok_cluster.images --no-archive
+	$(call pytest_passes,integration)
+
+test-e2e: venv tools cluster-bin image-tools
+	$(PY) -m wok_cluster.images --no-archive
+	$(call pytest_passes,e2e)
 
 # The operator and runtime images (docs/images.md): podman/buildah/mmdebstrap from Debian, a
 # bookworm base from Debian's packages, torch's wheels once into ~/.cache/wok/wheels; then
@@ -55,8 +83,7 @@ image-tools:
 image: venv image-tools
 	$(PY) -m wok_cluster.images
 
-test-fast: venv
-	$(PY) -m pytest -q tests/unit
+test-fast: test-unit
 
 lint: venv
 	$(VENV)/bin/ruff check .

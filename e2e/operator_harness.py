@@ -20,6 +20,7 @@ import httpx
 import yaml
 
 from wok_cluster.binaries import kubectl_path
+from wok_cluster.kubeapi import KubeApi, wait_established
 from wok_cluster.netutil import free_port
 from wok_cluster.process import RUN_MARKER
 from wok_cluster.waiting import GiveUp, wait_until
@@ -194,10 +195,5 @@ def stored_deployment(service: str, replicas: int) -> dict[str, Any]:
 
 def install_crds(kubeconfig: Path) -> None:
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD))
-    # Not `kubectl wait --for=condition=Established`: it fails at once on a CRD whose status has
-    # no conditions yet (".status.conditions accessor error").
-    jsonpath = '-o=jsonpath={.status.conditions[?(@.type=="Established")].status}'
-    wait_for(
-        lambda: kubectl(kubeconfig, "get", "crd/inferenceservices.wok.dev", jsonpath) == "True",
-        "the InferenceService CRD established",
-    )
+    with KubeApi.from_kubeconfig(kubeconfig) as api:
+        wait_established(api, ["inferenceservices.wok.dev"], timeout=60)

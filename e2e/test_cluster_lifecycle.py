@@ -15,7 +15,7 @@ from wok_cluster.kubeapi import KubeApi
 from wok_cluster.process import command_line, processes_marked
 from wok_cluster.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # times the cluster start: alone
 
 WOK = str(Path(sys.executable).parent / "wok")
 

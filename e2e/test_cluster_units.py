@@ -12,10 +12,13 @@ from wok.cli import build_parser
 from wok_cluster.backed_pod import emulate_gpu
 from wok_cluster.devenv import operator_argv
 from wok_cluster.expand import expand, field_ref
-from wok_cluster.netutil import pick_pod_octet, require_loopback
+from wok_cluster.kubeapi import crd_established
+from wok_cluster.netutil import LISTEN_PORTS, claim_pod_octet, free_port, require_loopback
 from wok_cluster.nodes import gpu_node, pod_cidr
 from wok_cluster.prometheus import scrape_config
 from wok_cluster.volumes import rewrite
+
+pytestmark = pytest.mark.unit  # pure code: no cluster, no process
 
 POD = {
     "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
@@ -64,12 +67,30 @@ def test_nodes_have_gpus_and_loopback_pod_cidrs():
         pod_cidr(255, 42)
 
 
-def test_pod_networks_avoid_busy_loopback_ranges():
+def test_pod_networks_avoid_busy_loopback_ranges(monkeypatch):
+    monkeypatch.setattr("random.shuffle", lambda choices: choices.sort(key=lambda x: x != 77))
     with socket.socket() as busy:
         busy.bind(("127.77.0.1", 0))
         busy.listen()
-        assert all(pick_pod_octet() != 77 for _ in range(300))
-    assert 2 <= pick_pod_octet() <= 254
+        octet, claim = claim_pod_octet()  # 77 is tried first, unless something listens in it
+        claim.close()
+    assert octet != 77
+    assert 2 <= octet <= 254
+
+
+def test_clusters_that_start_together_never_share_a_pod_network(monkeypatch):
+    # The worst draw: every cluster tries the same networks in the same order, before any of
+    # them has a pod listening (two test workers starting their clusters at once).
+    monkeypatch.setattr("random.shuffle", lambda choices: None)
+    claims = [claim_pod_octet() for _ in range(3)]
+    try:
+        assert len({octet for octet, _ in claims}) == 3
+    finally:
+        for _, claim in claims:
+            claim.close()
+    again, claim = claim_pod_octet()  # a closed claim frees its network
+    claim.close()
+    assert again == claims[0][0]
 
 
 def test_only_loopback_is_allowed():
@@ -113,3 +134,28 @@ def test_wok_dev_operator_runs_the_operator_with_the_dev_clusters_flags():
     assert args.log_format == "plain" and args.verbose
     dev = build_parser().parse_args(["dev", "operator", "-n", "x", "--", "--verbose"])
     assert (dev.namespace, dev.operator_args) == ("x", ["--", "--verbose"])
+
+
+def test_a_crd_without_conditions_yet_is_not_established_rather_than_an_error():
+    # what a CRD looks like a moment after its create, on a loaded apiserver
+    assert not crd_established({"metadata": {"name": "x"}})
+    assert not crd_established({"status": {"conditions": None}})
+    names_accepted = {"type": "NamesAccepted", "status": "True"}
+    assert not crd_established({"status": {"conditions": [names_accepted]}})
+    established = {"type": "Established", "status": "True"}
+    assert crd_established({"status": {"conditions": [names_accepted, established]}})
+
+
+def test_listening_ports_avoid_the_ephemeral_range_and_each_worker_has_its_own(monkeypatch):
+    ephemeral = range(32768, 61000)  # the kernel's default ip_local_port_range
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert all(free_port() in LISTEN_PORTS for _ in range(50))
+    assert not set(LISTEN_PORTS) & set(ephemeral)
+    drawn = {}
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+        drawn[worker] = {free_port() for _ in range(50)}
+    assert not drawn["gw0"] & drawn["gw1"] and not drawn["gw1"] & drawn["gw2"]
+    assert not drawn["gw0"] & drawn["gw2"]
+    assert all(port in LISTEN_PORTS for ports in drawn.values() for port in ports)

@@ -25,7 +25,13 @@ from wok_cluster.waiting import GiveUp, wait_until
 
 RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} 1\.0$", re.M)
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
+# serial: image builds and exports take both cores, and the SIGTERM check is timed
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.timeout(1800),
+]
 
 
 @pytest.fixture(scope="session")

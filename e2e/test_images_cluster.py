@@ -24,7 +24,8 @@ from operator_harness import (
 from wok_cluster import images
 from wok_cluster.netutil import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
+# serial: image exports take both cores
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(1800)]
 
 CHART = ROOT / "charts" / "wok"
 RELEASE = "wok"

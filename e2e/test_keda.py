@@ -25,12 +25,12 @@ from wok_cluster.process import processes_marked
 from wok_cluster.waiting import wait_until
 from wok_sim.baselines import WAITING_TARGET
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(minutes=1)]  # started first
 
 NAME = "llm"
 MAX_REPLICAS = 3
-# longer than the HPA controller's 15 s sync, so the window decides when it scales down
-SCALE_DOWN_WINDOW_S = 30
+# three of the test cluster's 5 s HPA syncs (HPA_SYNC_S), so the window decides when it scales down
+SCALE_DOWN_WINDOW_S = 15
 THRESHOLD = WAITING_TARGET  # the simulator's keda-waiting threshold
 # 24 clients on pods that run 2 sequences at a time: 22 waiting on one pod, 18 on three, so the
 # HPA's desired count (ceil(waiting / 5)) stays above MAX_REPLICAS until the load stops
@@ -165,7 +165,7 @@ class HpaRecorder:
     """Polls the HPA every half second for when it wrote a status with KEDA's metric above target
     (a recommendation of more than one pod) last, and when it first asked for one pod after that.
 
-    The status is written at the HPA's syncs (every 15 s) and only when it changed, so an
+    The status is written at the HPA's syncs (every 5 s here) and only when it changed, so an
     above-target status is timed when it first appears: a later sync that wrote the same values
     goes unseen, which can only make the measured quiet time longer, never shorter."""
 

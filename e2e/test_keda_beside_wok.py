@@ -10,7 +10,7 @@ service's spec.replicas and the operator carries it to the Deployment. An audite
 2. quiet: the HPA scales it back down after its window;
 3. a burst under a TPOT SLO that no batch meets: wok lowers the batch while the HPA scales up
    again on the longer queue that follows;
-4. quiet again, for a minute at rest: nobody writes anything.
+4. quiet again, for half a minute at rest (six HPA syncs): nobody writes anything.
 
 The audit watches both objects from before they exist (a watch delivers every version, so no
 write can hide between two polls) and names the writer of every change of spec.replicas: the field
@@ -38,10 +38,10 @@ from test_operator_control import distinct, pod_batch_size, ready_ips
 from wok_cluster.kubeapi import KubeError
 from wok_operator.resources import FIELD_MANAGER
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(minutes=3)]  # started first
 
 NAME = "loop"  # the service name test_operator_control's ready_ips knows
-REST_S = 60  # at rest: four of the HPA's 15 s syncs and twelve operator ticks write nothing
+REST_S = 30  # at rest: six of the HPA's 5 s syncs and fifteen operator ticks write nothing
 CAP = 4  # the batch's cap: 24 clients queue 20 on one pod at the cap, 12 on three
 INITIAL_BATCH = 2
 PING_PONG_S = 10  # a value written back within this long by another manager is a fight
@@ -155,7 +155,7 @@ def test_keda_scales_the_service_while_wok_moves_the_batch(
         wait_for(lambda: len(ready_ips(kc, ns)) == 1, "the first runtime pod ready", 120)
         wait_for(lambda: service.latest() and service.latest().batch, "reconciled", 30)
 
-        # KEDA's ScaledObject of test_keda (threshold 5, HPA sync 15 s, down after a 30 s
+        # KEDA's ScaledObject of test_keda (threshold 5, HPA sync 5 s, down after a 15 s
         # window, 1..3 replicas), aimed at the InferenceService's scale subresource.
         scaled_object = _scaled_object(ns, wok_prometheus.url)
         scaled_object["metadata"]["name"] = NAME

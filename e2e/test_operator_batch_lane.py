@@ -16,7 +16,13 @@ import yaml
 from operator_harness import OperatorProcess, condition, get_json, install_crds, kubectl, wait_for
 from test_operator_control import Load, ready_ips
 
-pytestmark = pytest.mark.e2e
+# started first; its pods decode a 200-line batch on the CPU, so it never runs
+# beside the other module that loads runtime pods for minutes (docs/testing.md)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow(minutes=1.5),
+    pytest.mark.xdist_group("runtime-load"),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "loop"  # the service name the control test's helpers (ready_ips) know

@@ -97,7 +97,10 @@ def test_prometheus_outage_holds_then_resumes(wok_cluster, wok_namespace, tmp_pa
         assert held["lastDecision"]["reason"].startswith("holding")
         assert (held["batchSize"], held["replicas"]) == (before["batchSize"], before["replicas"])
         message = condition(get_json(kc, "wis", "watched", "-n", ns), "MetricsUnavailable")
-        assert "Connection" in message["message"] or "refused" in message["message"]
+        # refused once it is gone; 503 while it shuts down (the round that saw it first may fall
+        # in that second on a loaded machine): either way the message names why
+        reasons = ("Connection", "refused", "503")
+        assert any(reason in message["message"] for reason in reasons), message["message"]
 
         prometheus.start()
         wait_for(lambda: metrics_unavailable() == "False", "metrics flowing again", 60)

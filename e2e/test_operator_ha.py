@@ -20,7 +20,7 @@ from operator_harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # times the lease handover: alone
 
 # Short times keep the test quick; the margins are client-go's proportions (15/10/2 s).
 LEASE = ["--lease-duration=6", "--renew-deadline=4", "--retry-period=1"]

@@ -19,7 +19,8 @@ from operator_harness import ROOT, OperatorProcess, get_json, install_crds, kube
 
 from wok_operator.signals import round_queries
 
-pytestmark = pytest.mark.e2e
+# serial: 200 services load the machine, and every one must tick once per interval
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
 QUERIES_PER_ROUND = len(round_queries({60}, {3600}))  # the SLO and budget windows
 SERVICES = 200

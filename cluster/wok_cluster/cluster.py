@@ -12,7 +12,7 @@ import httpx
 
 from wok_cluster.apiserver import ControlPlane
 from wok_cluster.kubeapi import KubeApi, KubeError
-from wok_cluster.netutil import free_port, pick_pod_octet
+from wok_cluster.netutil import claim_pod_octet, free_port
 from wok_cluster.nodes import KWOK_ANNOTATION, gpu_node
 from wok_cluster.process import Supervisor
 from wok_cluster.waiting import wait_until
@@ -33,15 +33,18 @@ class Cluster:
         nodes: int = 2,
         gpus_per_node: int = 8,
         backer: bool = True,
+        hpa_sync_seconds: float | None = None,
     ) -> None:
         self.control_plane = control_plane
         self.run_dir = control_plane.run_dir
         self.node_count = nodes
         self.gpus_per_node = gpus_per_node
         self.with_backer = backer
+        # None: the HPA controller's upstream sync period (15 s), as a real cluster has it
+        self.hpa_sync_seconds = hpa_sync_seconds
         self.supervisor = Supervisor(run_marker=str(self.run_dir))
         self.backer_dir = self.run_dir / "backer"
-        self.pod_octet = pick_pod_octet()
+        self.pod_octet, self._pod_network_claim = claim_pod_octet()
         # every pod IP of this cluster is in here; nodes get /24s of it
         self.pod_network = f"127.{self.pod_octet}.0.0/16"
         self.ready_seconds: float | None = None
@@ -80,6 +83,11 @@ class Cluster:
                 # KWOK is every node's kubelet, starved of CPU when tests load the machine: a
                 # late heartbeat must not mark nodes NotReady and their pods unready
                 "--node-monitor-grace-period=2m",
+                *(
+                    [f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_seconds:g}s"]
+                    if self.hpa_sync_seconds
+                    else []
+                ),
             ],
             log=self.run_dir / "kube-controller-manager.log",
         )
@@ -148,6 +156,7 @@ class Cluster:
             from wok_cluster.backer import kill_leftover_pods
 
             kill_leftover_pods(self.backer_dir)
+        self._pod_network_claim.close()
 
     def _start_backer(self, deadline: float) -> None:
         ready_file = self.backer_dir / "ready"

@@ -27,7 +27,7 @@ import yaml
 
 from wok_cluster.apiserver import ControlPlane
 from wok_cluster.binaries import kubectl
-from wok_cluster.kubeapi import KubeApi, KubeError
+from wok_cluster.kubeapi import KubeApi, KubeError, wait_established
 from wok_cluster.netutil import claim_host_address, free_port, release_host_address
 from wok_cluster.pki import serving_cert
 from wok_cluster.process import Supervisor
@@ -146,9 +146,9 @@ class Keda:
             files = [*self.crds, *(self.config_dir / m for m in MANIFESTS)]
             args = [f"--filename={f}" for f in files]
             _kubectl(kc, "apply", "--server-side", f"--field-manager={FIELD_MANAGER}", *args)
-            wait = min(50, max(1, int(deadline - time.monotonic())))  # kubectl() gives 60 s
-            crds = [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in self.crds]
-            _kubectl(kc, "wait", "--for=condition=Established", f"--timeout={wait}s", *crds)
+            wait = max(1.0, deadline - time.monotonic())
+            crds = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in self.crds]
+            wait_established(api, crds, timeout=wait)
             for path, body in self._adapter_objects():
                 _create(api, path, body)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,6 +19,7 @@ import httpx
 
 from wok_cluster.kubeconfig import Credentials, read_kubeconfig
 from wok_cluster.netutil import require_loopback
+from wok_cluster.waiting import wait_until
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -121,3 +122,24 @@ class KubeApi:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def crd_established(crd: Mapping[str, Any]) -> bool:
+    """Whether the apiserver serves a CRD's resource: its Established condition is True.
+
+    A CRD just created has no conditions yet; `kubectl wait --for=condition=Established` fails
+    on that at once instead of waiting (seen on a loaded machine), so this is polled instead."""
+    conditions = crd.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
+def wait_established(api: KubeApi, names: Iterable[str], *, timeout: float) -> None:
+    for name in names:
+        wait_until(
+            lambda name=name: crd_established(api.get(f"{CRDS}/{name}")),
+            timeout=timeout,
+            what=f"the CRD {name} Established",
+        )

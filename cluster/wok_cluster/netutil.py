@@ -4,6 +4,7 @@ harness's own addresses on `lo`, see HOST_LOCAL_NETWORK)."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import socket
 import subprocess
@@ -12,11 +13,41 @@ from pathlib import Path
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
+# Servers listen below the kernel's ephemeral range (32768-60999 by default), on a random free port:
+# outgoing connections never take one of these, and the kernel's own pick for bind(0) handed the
+# same just-freed port to two pytest workers starting their clusters at once (one etcd failed to
+# bind). Each xdist worker draws from its own slice, so workers of one run never pick alike.
+LISTEN_PORTS = range(20000, 32768)
+_draw = random.SystemRandom()  # independent of any seed a test sets
+_handed: set[int] = set()  # never twice in one process: a port handed out may not be bound yet
+
+
+def listen_ports() -> range:
+    """This process's share of LISTEN_PORTS: a slice per pytest-xdist worker, else all of it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or workers < 2:
+        return LISTEN_PORTS
+    size = len(LISTEN_PORTS) // workers
+    index = int(worker.removeprefix("gw")) % workers
+    return LISTEN_PORTS[index * size : (index + 1) * size]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out; every run picks its own, so runs never collide."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, for a server this run starts next."""
+    ports = listen_ports()
+    for _ in range(200):
+        port = _draw.choice(ports)
+        if port in _handed:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    raise RuntimeError(f"no free port in {ports.start}..{ports.stop - 1} after 200 tries")
 
 
 def is_loopback(address: str) -> bool:
@@ -48,18 +79,35 @@ def _busy_second_octets() -> set[int]:
     return busy
 
 
-def pick_pod_octet() -> int:
-    """A free X for this cluster's pod network 127.X.0.0/16.
+# Where a cluster claims its pod network 127.X.0.0/16: a listening socket on 127.X.255.254, never a
+# pod's address (nodes take 127.X.N.0/24 with N < MAX_NODES = 255). The port is fixed so that
+# bind() itself is the claim: a second bind of the same address and port fails, atomically.
+CLAIM_HOST = "255.254"
+CLAIM_PORT = 65535
 
-    Several clusters run on one machine (a test session, `wok dev`, another engineer's tests);
-    sharing one pod network would put two pods on the same IP:port. X is random (2..254) and
-    skips networks where something is already listening.
+
+def claim_pod_octet() -> tuple[int, socket.socket]:
+    """A free X for this cluster's pod network 127.X.0.0/16, and the socket that holds it.
+
+    Several clusters run on one machine (the test workers of one run, `wok dev`, another
+    engineer's tests); sharing one pod network would put two pods on the same IP:port. X is random
+    (2..254), skips networks where something is already listening, and is claimed by a listening
+    socket at once: two clusters that start together never take the same X, though their pods
+    are not up yet. The claim lasts until the socket is closed (or its process ends).
     """
     busy = _busy_second_octets() | {0, 1}
     choices = [x for x in range(2, 255) if x not in busy]
-    if not choices:
-        raise RuntimeError("no free 127.X.0.0/16 pod network")
-    return random.choice(choices)
+    random.shuffle(choices)
+    for octet in choices:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((f"127.{octet}.{CLAIM_HOST}", CLAIM_PORT))
+        except OSError:  # another cluster's claim (or a server on every address at that port)
+            sock.close()
+            continue
+        sock.listen()
+        return octet, sock
+    raise RuntimeError("no free 127.X.0.0/16 pod network")
 
 
 # A private network for servers the apiserver must reach through an EndpointSlice, which refuses

@@ -22,7 +22,7 @@ from wok_operator.control import LawParams
 from wok_operator.loop import control_tick, state_from_status
 from wok_operator.signals import fetch_round, round_queries
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(minutes=1)]  # started first
 
 KEY = ("it", "llm")
 WINDOW = 10  # the SLO window the rates are taken over

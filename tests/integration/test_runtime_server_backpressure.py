@@ -14,7 +14,7 @@ import httpx
 import pytest
 from runtime_harness import KV_BYTES_PER_TOKEN, RuntimeServer, start_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # races a 0.1 s queue timeout: alone
 
 
 def _prompt(n: int) -> list[int]:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runtime_harness import ADMIN_TOKEN, RuntimeServer, start_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # probe latency under load: alone
 
 
 @pytest.fixture(scope="module")

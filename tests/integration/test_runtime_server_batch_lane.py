@@ -15,7 +15,7 @@ from runtime_harness import RuntimeServer, start_server
 
 from wok_runtime.scheduler import ONLINE_IDLE_GRACE_S
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # bounds queue seconds: alone
 
 MODEL = '{model_name="builtin:tiny"}'
 

@@ -13,7 +13,7 @@ from runtime_harness import ADMIN_TOKEN, start_server
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # CPU-bound fuzzing: alone
 
 # (path, method, examples per generation mode); ≥ 500 cases in all, under ~2 minutes.
 OPERATIONS = [

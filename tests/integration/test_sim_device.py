@@ -19,7 +19,7 @@ from runtime_harness import ADMIN_TOKEN, RuntimeServer, free_port
 from wok_contracts.metrics import REJECT_QUEUE_FULL, REJECT_QUEUE_TIMEOUT
 from wok_contracts.profile import StepProfile, load_profile
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # times the simulated load: alone
 
 NAME = "sim-test"
 LABEL = f'model_name="{NAME}"'
