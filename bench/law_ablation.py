@@ -107,6 +107,14 @@ def table(results: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def write_results(out: str, text: str, results: dict[str, dict[str, dict]]) -> None:
+    """bench/results/OUT.md (the table) and OUT.json (the figures behind it); the table printed."""
+    results_dir = ROOT / "bench" / "results"
+    (results_dir / f"{out}.md").write_text(text)
+    (results_dir / f"{out}.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", default="wok,wok-frozen-cap,wok-frozen-plan")
@@ -128,10 +136,7 @@ def main() -> int:
         + table(results)
         + "\n"
     )
-    results_dir = ROOT / "bench" / "results"
-    (results_dir / f"{args.out}.md").write_text(text)
-    (results_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(text)
+    write_results(args.out, text, results)
     return 0
 
 

@@ -18,7 +18,6 @@ Writes bench/results/<out>.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from law_ablation import conditions, regimes, simulate, table
+from law_ablation import conditions, regimes, simulate, table, write_results
 
 from wok_contracts.profile import load_profile
 from wok_sim.cli import DEFAULT_PROFILE
@@ -115,10 +114,7 @@ def main() -> int:
         + "".join(f"\n\n{deltas(results, rule)}" for rule in args.rules.split(","))
         + "\n"
     )
-    results_dir = ROOT / "bench" / "results"
-    (results_dir / f"{args.out}.md").write_text(text)
-    (results_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(text)
+    write_results(args.out, text, results)
     return 0
 
 
