@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from wok_contracts.quantiles import nearest_rank
 from wok_contracts.traces import read_azure
 
 PROMPT_TOKEN_RANGE = (10, 250)  # ids every vocabulary has (byte-level BPE: the 256 byte tokens)
@@ -248,10 +249,7 @@ async def run_bench(
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    return nearest_rank(values, q) if values else None
 
 
 def summarize(

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from wok_contracts.profile import StepProfile
+from wok_contracts.quantiles import nearest_rank
 from wok_contracts.traces import TraceRequest, clip_to_model
-from wok_sim.report import Slos, nearest_rank
+from wok_sim.report import Slos
 
 TARGET_ATTAINMENT = 0.99  # the share of requests that must meet every SLO at B_opt
 

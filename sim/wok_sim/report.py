@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wok_contracts.quantiles import nearest_rank
 from wok_sim.columns import COLUMNS
 from wok_sim.fleet import FleetRun, Tick
 
@@ -85,13 +86,6 @@ class PolicyResult:
             "batch_size": self.batch_size,
             "sim_seconds": round(self.wall_seconds, 3),
         }
-
-
-def nearest_rank(values: Sequence[float], q: float = 0.99) -> float:
-    """The nearest-rank `q` quantile of non-empty `values`: a value that occurred, never an
-    interpolation between two."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def p99(values: Sequence[float]) -> float | None:
