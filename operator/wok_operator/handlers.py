@@ -400,7 +400,14 @@ class ServiceTick:
             if after != before:
                 direction = "up" if after > before else "down"
                 metrics.DECISIONS.labels(knob=knob, direction=direction).inc()
-                kopf.info(self.body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
+                # A decision is an Event whatever the posting level (which keeps the handlers'
+                # INFO logs out of the apiserver).
+                kopf.event(
+                    self.body,
+                    type="Normal",
+                    reason=f"{knob.capitalize()}Changed",
+                    message=decision.reason,
+                )
 
     def act(
         self,
