@@ -54,7 +54,7 @@ from wok_operator.resources import (
     desired_service,
     selector_text,
 )
-from wok_operator.signals import SignalsHub
+from wok_operator.signals import SignalsHub, recheck_due
 from wok_operator.writer import ServiceWriter
 
 T = TypeVar("T")
@@ -77,6 +77,27 @@ class Shared:
     hub: SignalsHub = field(default_factory=SignalsHub)
     http: httpx.AsyncClient | None = None
     leadership: Candidate | None = None  # None: a single replica (--standalone)
+    # Whether the PodMonitor CRD exists, and when that was read (`pod_monitors_present`).
+    pod_monitors: tuple[bool, float] | None = None
+
+
+#: How long the finding that the PodMonitor CRD exists is trusted, and that it does not: a
+#: reconcile read it every time (1,000 GETs when 1,000 services resume); a CRD installed after
+#: the operator started is seen within the shorter.
+POD_MONITORS_PRESENT_S = 300.0
+POD_MONITORS_MISSING_S = 30.0
+
+
+def pod_monitors_present(wok: Shared, now: float | None = None) -> bool:
+    """Whether the cluster serves PodMonitors, read again only when the last finding is old."""
+    now = time.monotonic() if now is None else now
+    found = wok.pod_monitors
+    due = recheck_due(
+        found, now, present_s=POD_MONITORS_PRESENT_S, missing_s=POD_MONITORS_MISSING_S
+    )
+    if found is None or due:
+        found = wok.pod_monitors = (wok.kube.has_pod_monitors(), now)
+    return found[0]
 
 
 def shared(memo: Any) -> Shared:
@@ -190,7 +211,7 @@ def reconcile(
         ),
         desired_service(name, namespace),
     ]
-    if wok.kube.has_pod_monitors():
+    if pod_monitors_present(wok):
         owned.append(desired_pod_monitor(name, namespace))
     for obj in owned:
         kopf.adopt(obj, owner=body)

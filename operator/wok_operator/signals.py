@@ -100,6 +100,17 @@ RECORDED_CHECK_S = 300.0
 MISSING_RECHECK_S = 30.0
 
 
+def recheck_due(
+    found: tuple[bool, float] | None, now: float, *, present_s: float, missing_s: float
+) -> bool:
+    """Whether a yes/no finding about a dependency (recorded series in Prometheus, a CRD in the
+    cluster), made at `found[1]`, is read again at `now`: a yes is trusted for `present_s`, a no
+    only for `missing_s`, so a dependency installed later is seen soon."""
+    if found is None:
+        return True
+    return now - found[1] >= (present_s if found[0] else missing_s)
+
+
 def _metric_id(histogram: str) -> str:
     return histogram.replace(":", "_")
 
@@ -452,8 +463,10 @@ class SignalsHub:
         `RECORDED_CHECK_S` (`MISSING_RECHECK_S` while they are missing), so rules installed (or
         removed) later are picked up."""
         found = self.recorded.get(url)
-        recheck_s = RECORDED_CHECK_S if found is not None and found[0] else MISSING_RECHECK_S
-        if found is None or time.monotonic() - found[1] >= recheck_s:
+        due = recheck_due(
+            found, time.monotonic(), present_s=RECORDED_CHECK_S, missing_s=MISSING_RECHECK_S
+        )
+        if found is None or due:
             found = (await self._in_thread(fetch_recorded, url), time.monotonic())
             PROMQL_REQUESTS.inc()
             self.recorded[url] = found
