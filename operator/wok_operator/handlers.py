@@ -40,7 +40,7 @@ from wok_operator.loop import (
     resume_state,
     state_from_status,
     status_digest,
-    status_due,
+    status_write_cause,
     with_batch_lane,
     with_kv_budget,
 )
@@ -400,12 +400,13 @@ class ServiceTick:
         digest = status_digest(patch)
         last = self.memo.last_write_at
         since_write = None if last is None else time.monotonic() - last
-        if status_due(
+        cause = status_write_cause(
             digest,
             self.memo.last_digest,
             decided_change=decision.changed,
             since_write_s=since_write,
-        ):
+        )
+        if cause is not None:
             self.memo.writer.submit(
                 "status", kube_write(self.wok.kube.patch_status, self.name, self.namespace, patch)
             )
@@ -413,7 +414,7 @@ class ServiceTick:
             if last is None:  # the first heartbeat comes at the service's phase of the period
                 written_at -= phase(self.key, STATUS_HEARTBEAT_S / 2)
             self.memo.last_digest, self.memo.last_write_at = digest, written_at
-            metrics.STATUS_WRITES.inc()
+            metrics.STATUS_WRITES.labels(cause=cause).inc()
         for knob, before, after in (
             ("batch", decision.batch_before, decision.batch),
             ("replicas", decision.replicas_before, decision.replicas),

@@ -44,7 +44,9 @@ PROMQL_REQUESTS = Counter(
 STATUS_WRITES = Counter(
     "wok_operator_status_writes",
     "InferenceService status patches (a checkpoint: on a change of decision or condition, or the "
-    "heartbeat)",
+    "heartbeat), by cause (first, decision, heartbeat, or the field that changed: readyReplicas, "
+    "condition:Ready, ...)",
+    ["cause"],
 )
 LEADER = Gauge("wok_operator_leader", "1 on the replica that acts (holds the Lease); 0 on standbys")
 
