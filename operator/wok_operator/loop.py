@@ -334,12 +334,10 @@ def decision_status(
         put(cond.PODS_PENDING, True, "PodsStarting", f"{obs.pending_replicas} pod(s) not ready yet")
     else:
         put(cond.PODS_PENDING, False, "NoPendingPods")
-    put(
-        cond.PROGRESSING,
-        not ready_all or decision.changed,
-        "Scaling" if decision.changed else ("Stable" if ready_all else "Rollout"),
-        decision.reason,
-    )
+    # Progressing follows the pods, not the decision: a batch step lands in one tick, and a
+    # condition that was True for the tick of a decision and False at the next wrote status
+    # twice per step (0.5 writes per service per minute of a 100-service ramp).
+    put(cond.PROGRESSING, not ready_all, "Stable" if ready_all else "Rollout", decision.reason)
     if decision.metrics_missing:
         put(cond.METRICS_UNAVAILABLE, True, "NoData", metrics_error or decision.reason)
     else:
