@@ -561,6 +561,10 @@ def ramp_figures(
         "apiserver_writes_by_resource": {k: round(v) for k, v in writes.most_common(16)},
         "tick_p50_s": tick_quantile(0.5, delta),
         "tick_p99_s": tick_quantile(0.99, delta),
+        "ticks_without_signals": int(
+            total(end.operator, "wok_operator_ticks_without_signals_total")
+            - total(start.operator, "wok_operator_ticks_without_signals_total")
+        ),
         "status_writes_per_service_per_min_by_cause": status_writes_by_cause(
             start.operator, end.operator, args.services * wall / 60
         ),
@@ -630,6 +634,10 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "tick_p50_s": tick_quantile(0.5, delta),
         "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
+        "ticks_without_signals": int(
+            total(op_a, "wok_operator_ticks_without_signals_total")
+            - total(op_b, "wok_operator_ticks_without_signals_total")
+        ),
         "kube_calls": kube_calls,
         "write_lag": quantiles_by_label(op_b, op_a, WRITE_LAG, "kind", wall),
         "tick_buckets_window": {
@@ -1013,6 +1021,10 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         ),
         row("tick P50", lambda r: ms(r["tick_p50_s"])),
         row("tick P99", lambda r: ms(r["tick_p99_s"])),
+        row(
+            "ticks that held without a fresh round",
+            lambda r: str(r["ticks_without_signals"]) if "ticks_without_signals" in r else "–",
+        ),
         row(
             "the loops' API calls: per s, P50 / P99 by call",
             lambda r: per_label(r.get("kube_calls")),

@@ -368,6 +368,7 @@ class ServiceTick:
             max_age_s=spec.scaling.interval_seconds,
         )
         if rnd.error is not None:
+            metrics.TICKS_WITHOUT_SIGNALS.inc()
             return ServiceSignals(), rnd.error
         return rnd.signals(self.key, window, budget_window), None
 
