@@ -54,7 +54,7 @@ from wok_operator.resources import (
     desired_service,
     selector_text,
 )
-from wok_operator.signals import SignalsHub, recheck_due
+from wok_operator.signals import HeldSignals, SignalsHub, carry_over, recheck_due
 from wok_operator.writer import ServiceWriter
 
 T = TypeVar("T")
@@ -265,6 +265,7 @@ class LoopMemo:
     scaled_to: int | None = None
     scaled_from: int | None = None
     admin_token: str | None = None  # read once; a pod that refuses it has it read again
+    signals: HeldSignals | None = None  # the last signals a round had (`signals.carry_over`)
     writer: ServiceWriter = field(default_factory=ServiceWriter)
 
 
@@ -370,7 +371,11 @@ class ServiceTick:
         if rnd.error is not None:
             metrics.TICKS_WITHOUT_SIGNALS.inc()
             return ServiceSignals(), rnd.error
-        return rnd.signals(self.key, window, budget_window), None
+        fresh = rnd.signals(self.key, window, budget_window)
+        signals, self.memo.signals = carry_over(
+            fresh, rnd.fetched_at, self.memo.signals, max_age_s=spec.scaling.interval_seconds
+        )
+        return signals, None
 
     def record(
         self,

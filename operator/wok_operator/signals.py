@@ -384,6 +384,25 @@ def stale_reason(
     return None
 
 
+#: A service's signals with the start of the round that read them (`Round.fetched_at`).
+HeldSignals = tuple[ServiceSignals, float]
+
+
+def carry_over(
+    fresh: ServiceSignals, fresh_at: float, held: HeldSignals | None, *, max_age_s: float
+) -> tuple[ServiceSignals, HeldSignals | None]:
+    """The service's signals from the round that started at `fresh_at`, and what to hold for
+    the next tick (pure). A round with none of the service's series (one failed scrape marks a
+    pod's series stale at once: with 1,000 pods on a loaded machine, a service went missing for
+    a round several times a minute, and its MetricsUnavailable condition and status flapped)
+    gives the last signals it had, while they are no older than `STALE_INTERVALS` intervals."""
+    if fresh.reporting_pods is not None:
+        return fresh, (fresh, fresh_at)
+    if held is not None and fresh_at - held[1] <= STALE_INTERVALS * max_age_s:
+        return held[0], held
+    return fresh, None
+
+
 @dataclass
 class _Refresher:
     """The task that fetches one Prometheus' rounds. Made anew with its task, so it always

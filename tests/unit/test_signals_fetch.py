@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from wok_contracts.signals import ServiceSignals
 from wok_operator.signals import (
     IDLE_INTERVALS,
     MISSING_RECHECK_S,
@@ -24,6 +25,7 @@ from wok_operator.signals import (
     STALE_INTERVALS,
     Round,
     SignalsHub,
+    carry_over,
     fetch_round,
     round_queries,
     stale_reason,
@@ -233,3 +235,14 @@ async def test_a_round_is_fetched_while_the_loops_threads_wait_on_the_apiserver(
         apiserver.set()
         await asyncio.gather(*writes)
         await hub.close()
+
+
+def test_a_service_missing_from_one_round_keeps_its_last_signals_for_three_intervals():
+    seen = ServiceSignals(waiting=1.0, running=4.0, reporting_pods=1)
+    missing = ServiceSignals()  # one failed scrape: none of the service's series in the round
+    signals, held = carry_over(seen, 100.0, None, max_age_s=5.0)
+    assert signals is seen and held == (seen, 100.0)
+    signals, held = carry_over(missing, 105.0, held, max_age_s=5.0)
+    assert signals is seen and held == (seen, 100.0)
+    signals, held = carry_over(missing, 100.0 + STALE_INTERVALS * 5.0 + 0.1, held, max_age_s=5.0)
+    assert signals is missing and held is None  # gone for longer: the law holds
