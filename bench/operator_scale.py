@@ -514,6 +514,63 @@ def quantiles_by_label(
     return out
 
 
+def writes_by_resource(
+    before: dict[tuple[str, frozenset], float], after: dict[tuple[str, frozenset], float]
+) -> Counter:
+    """The apiserver's writes between two of its /metrics pages, by verb and resource."""
+    by_resource: Counter = Counter()
+    for (name, labels), value in after.items():
+        fields = dict(labels)
+        if name == "apiserver_request_total" and fields.get("verb") not in ("GET", "LIST", "WATCH"):
+            key = f"{fields.get('verb')} {fields.get('resource')}/{fields.get('subresource', '')}"
+            by_resource[key] += value - before.get((name, labels), 0.0)
+    return by_resource
+
+
+def status_writes_by_cause(
+    before: dict[tuple[str, frozenset], float],
+    after: dict[tuple[str, frozenset], float],
+    per: float,
+) -> dict[str, float]:
+    """The operator's status writes between two of its /metrics pages by cause
+    (`loop.status_write_cause`), divided by `per` (services × minutes), largest first."""
+    name = "wok_operator_status_writes_total"
+    causes: Counter = Counter()
+    for (n, labels), value in after.items():
+        if n == name:
+            causes[dict(labels).get("cause", "")] += value - before.get((n, labels), 0.0)
+    return {cause: round(v / per, 3) for cause, v in causes.most_common() if v > 0}
+
+
+def ramp_figures(
+    args: argparse.Namespace, start: Snapshot, end: Snapshot, ready: list[tuple[float, int]]
+) -> dict[str, Any]:
+    """From the operator's start to every pod ready (or to giving up): what each component
+    spent, what the apiserver wrote, and why the operator wrote status."""
+    wall = end.at - start.at
+    hist = buckets(end.operator, TICK_HISTOGRAM)
+    old = buckets(start.operator, TICK_HISTOGRAM)
+    delta = {le: hist[le] - old.get(le, 0.0) for le in hist}
+    writes = writes_by_resource(start.apiserver, end.apiserver)
+    return {
+        "seconds": round(wall, 1),
+        "pods_ready_over_time": [(round(t, 1), n) for t, n in ready],
+        "cpu_cores_by_component": cpu_cores(start, end),
+        "machine_busy_cores": round((end.busy_s - start.busy_s) / wall, 3),
+        "apiserver_writes_per_s": round(sum(writes.values()) / wall, 2),
+        "apiserver_writes_by_resource": {k: round(v) for k, v in writes.most_common(16)},
+        "tick_p50_s": tick_quantile(0.5, delta),
+        "tick_p99_s": tick_quantile(0.99, delta),
+        "ticks_without_signals": int(
+            total(end.operator, "wok_operator_ticks_without_signals_total")
+            - total(start.operator, "wok_operator_ticks_without_signals_total")
+        ),
+        "status_writes_per_service_per_min_by_cause": status_writes_by_cause(
+            start.operator, end.operator, args.services * wall / 60
+        ),
+    }
+
+
 def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dict[str, Any]:
     before, after = m["before"], m["after"]
     wall = after.at - before.at
@@ -550,12 +607,7 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
     status_patches = api_delta(
         "apiserver_request_total", verb="PATCH", resource="inferenceservices", subresource="status"
     )
-    by_resource: Counter = Counter()
-    for (name, labels), value in ap_a.items():
-        fields = dict(labels)
-        if name == "apiserver_request_total" and fields.get("verb") not in ("GET", "LIST", "WATCH"):
-            key = f"{fields.get('verb')} {fields.get('resource')}/{fields.get('subresource', '')}"
-            by_resource[key] += value - ap_b.get((name, labels), 0.0)
+    by_resource = writes_by_resource(ap_b, ap_a)
     kube_calls = quantiles_by_label(op_b, op_a, KUBE_CALLS, "call", wall)
     engine_s = total(pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
     engine_s -= total(pr_b, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
@@ -582,6 +634,10 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "tick_p50_s": tick_quantile(0.5, delta),
         "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
+        "ticks_without_signals": int(
+            total(op_a, "wok_operator_ticks_without_signals_total")
+            - total(op_b, "wok_operator_ticks_without_signals_total")
+        ),
         "kube_calls": kube_calls,
         "write_lag": quantiles_by_label(op_b, op_a, WRITE_LAG, "kind", wall),
         "tick_buckets_window": {
@@ -602,6 +658,9 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "apiserver_writes_by_resource": {k: round(v) for k, v in by_resource.most_common(12)},
         "apiserver_status_patches_per_s": round(status_patches / wall, 3),
         "status_writes_per_service_per_min": round(status_writes / args.services / wall * 60, 3),
+        "status_writes_per_service_per_min_by_cause": status_writes_by_cause(
+            op_b, op_a, args.services * wall / 60
+        ),
         "watch_events_per_s": round(api_delta("apiserver_watch_events_total") / wall, 2),
         "watch_events_inferenceservices_per_s": round(
             api_delta("apiserver_watch_events_total", resource="inferenceservices") / wall, 3
@@ -700,6 +759,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         shutil.copy(RECORDING_RULES, rules)
         prometheus.config["rule_files"] = [str(rules)]
     operator: OperatorProcess | None = None
+    out: dict[str, Any] = {}
     print(f"run files in {run_dir}", file=sys.stderr, flush=True)
     try:
         plane.start()
@@ -724,6 +784,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         )
         operator.wait_live()
         applied = time.monotonic()
+        ramp_start = snapshot(operator, prometheus, run_marker, plane)
+        ready_over_time: list[tuple[float, int]] = []
         with plane.api() as api:
 
             def all_ready() -> dict[str, list[str]] | None:
@@ -731,21 +793,31 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
                     raise GiveUp(f"the operator exited:\n{operator.log_tail()}")
                 pods = ready_pods(api)
                 n = sum(len(v) for v in pods.values())
+                ready_over_time.append((time.monotonic() - applied, n))
                 print(f"{n}/{pods_total} pods ready", file=sys.stderr, flush=True)
                 return pods if n == pods_total else None
 
-            pods = wait_until(all_ready, timeout=args.ready_timeout_s, what="pods", interval=5)
+            out["services_created_s"] = round(create_s, 1)
+            try:
+                pods = wait_until(all_ready, timeout=args.ready_timeout_s, what="pods", interval=5)
+            except TimeoutError as error:
+                pods = None
+                out["outcome"] = f"gave up at --ready-timeout-s: {error}"
+            # The ramp's figures, also when it never ends: they say why.
+            ramp_end = snapshot(operator, prometheus, run_marker, plane)
+            out["ramp"] = ramp_figures(args, ramp_start, ramp_end, ready_over_time)
+            if pods is None:
+                return finished(args, command, date, started, out)
             pods_ready_s = time.monotonic() - applied
             measured = asyncio.run(
                 drive_and_measure(args, api, operator, prometheus, pods, run_marker, plane)
             )
             window = measured["after"].at - measured["before"].at
-        out = figures(args, measured, pods_total)
+        out |= figures(args, measured, pods_total)
         window_end = time.time() - (time.monotonic() - measured["after"].at)
         out["query_log"] = query_log_summary(query_log, window_end - window, window_end)
         out["series_in_window"] = series_over_window(prometheus, window)
         out["pods_ready_s"] = round(pods_ready_s, 1)
-        out["services_created_s"] = round(create_s, 1)
         out["operator_restarts"] = 0 if operator.alive() else 1
     finally:
         if operator is not None:
@@ -759,6 +831,12 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
                 os.kill(pid, signal.SIGKILL)
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
+    return finished(args, command, date, started, out)
+
+
+def finished(
+    args: argparse.Namespace, command: str, date: str, started: float, out: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "command": command,
         "date": date,
@@ -887,6 +965,22 @@ def per_label(quantiles: dict[str, dict[str, Any]] | None) -> str:
     )
 
 
+def by_key(values: dict[str, float] | None, top: int = 8) -> str:
+    """A table cell: the largest `top` values by key, one a line."""
+    if not values:
+        return "–"
+    ranked = sorted(values.items(), key=lambda kv: -kv[1])[:top]
+    return "<br>".join(f"{k} {v:g}" for k, v in ranked)
+
+
+def ramp(r: dict[str, Any], key: str, fmt: str | None = None, *, top: int = 8) -> str:
+    """A table cell from the run's ramp figures (runs before they were recorded have none)."""
+    value = (r.get("ramp") or {}).get(key)
+    if value is None:
+        return "–"
+    return fmt.format(value) if fmt else by_key(value, top)
+
+
 def scale_table(results: list[dict[str, Any]]) -> str:
     """bench/results/operator_scale.md: emulated runs side by side, by the number of services."""
     results = sorted(results, key=lambda r: (r["services"], r.get("label") is None))
@@ -927,6 +1021,10 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         ),
         row("tick P50", lambda r: ms(r["tick_p50_s"])),
         row("tick P99", lambda r: ms(r["tick_p99_s"])),
+        row(
+            "ticks that held without a fresh round",
+            lambda r: str(r["ticks_without_signals"]) if "ticks_without_signals" in r else "–",
+        ),
         row(
             "the loops' API calls: per s, P50 / P99 by call",
             lambda r: per_label(r.get("kube_calls")),
@@ -980,6 +1078,10 @@ def scale_table(results: list[dict[str, Any]]) -> str:
             lambda r: f"{r['status_writes_per_service_per_min']:.3f}",
         ),
         row(
+            "status writes by cause, per service per minute",
+            lambda r: by_key(r.get("status_writes_per_service_per_min_by_cause")),
+        ),
+        row(
             "InferenceService status PATCHes/s",
             lambda r: f"{r['apiserver_status_patches_per_s']:.3f}",
         ),
@@ -993,6 +1095,18 @@ def scale_table(results: list[dict[str, Any]]) -> str:
         row("metrics source CPU", lambda r: f"{cores(r, 'pod-metrics-source')} cores"),
         row("machine busy cores (of 2)", lambda r: f"{r['machine_busy_cores']:.2f}"),
         row("load average (1 min, median)", lambda r: f"{r['load1_median']:.2f}"),
+        row("ramp: operator start to every pod ready", lambda r: ramp(r, "seconds", "{:.0f} s")),
+        row("ramp: cores by component", lambda r: ramp(r, "cpu_cores_by_component", top=6)),
+        row("ramp: machine busy cores (of 2)", lambda r: ramp(r, "machine_busy_cores", "{:.2f}")),
+        row("ramp: apiserver writes/s", lambda r: ramp(r, "apiserver_writes_per_s", "{:.1f}")),
+        row(
+            "ramp: apiserver writes by resource",
+            lambda r: ramp(r, "apiserver_writes_by_resource", top=6),
+        ),
+        row(
+            "ramp: status writes by cause, per service per minute",
+            lambda r: ramp(r, "status_writes_per_service_per_min_by_cause", top=6),
+        ),
         "",
         "Commands (each run also writes its JSON next to this file):",
         "",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from wok_cluster.waiting import wait_until
 
@@ -125,3 +127,41 @@ def test_a_service_over_ready_pods_makes_the_controllers_no_work(wok_cluster, wo
         assert slices == []
         reasons = {e["reason"] for e in api.get(f"/api/v1/namespaces/{ns}/events")["items"]}
         assert "FailedToUpdateEndpointSlices" not in reasons, reasons
+
+
+def _rate_limiter_wait_s(cluster) -> float:
+    """Seconds the controller-manager's and the scheduler's clients have waited in their own
+    rate limiters (client-go's `rest_client_rate_limiter_duration_seconds`), all told."""
+    waited = 0.0
+    for name in ("kube-controller-manager", "kube-scheduler"):
+        for family in text_string_to_metric_families(cluster.component_metrics(name)):
+            if family.name == "rest_client_rate_limiter_duration_seconds":
+                waited += sum(s.value for s in family.samples if s.name.endswith("_sum"))
+    return waited
+
+
+def test_many_deployments_become_ready_without_the_controllers_throttling_themselves(
+    wok_cluster, wok_namespace
+):
+    # Each Deployment costs the controllers a ReplicaSet, a pod, status updates and Events: with
+    # client-go's default limits (20 queries/s for the controller-manager) 150 of them wait tens
+    # of seconds in the clients' own limiters, however idle the apiserver.
+    ns, count = wok_namespace, 150
+    waited_before = _rate_limiter_wait_s(wok_cluster)
+    started = time.monotonic()
+    with wok_cluster.api() as api:
+        for i in range(count):
+            deployment = _gpu_deployment(f"many-{i:03d}", 1)
+            deployment["spec"]["template"]["spec"]["containers"][0]["resources"] = {}
+            deployment["spec"]["template"]["metadata"]["labels"]["batch"] = "many"
+            api.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
+
+        def all_ready() -> bool:
+            pods = api.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="batch=many")["items"]
+            return sum(1 for p in pods if p.get("status", {}).get("phase") == "Running") == count
+
+        wait_until(all_ready, timeout=240, what=f"{count} Running pods", interval=1.0)
+    elapsed = time.monotonic() - started
+    waited = _rate_limiter_wait_s(wok_cluster) - waited_before
+    assert waited < 5.0, f"the controllers' clients waited {waited:.1f} s in their rate limiters"
+    assert elapsed < 120, f"{count} pods took {elapsed:.0f} s"

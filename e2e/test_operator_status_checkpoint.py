@@ -46,6 +46,9 @@ def steady_round(ns: str) -> Round:
         "rejected_rate:60": 0.0,
     }
     vectors = {name: {key: value} for name, value in values.items()}
+    # A round has a vector for each of its queries, empty where no series answered: these say
+    # it read the SLO and budget windows.
+    vectors |= {"p99:60": {}, "p995:3600": {}}
     return Round(fetched_at=time.monotonic() + 3600.0, vectors=vectors)
 
 
@@ -84,7 +87,7 @@ def resource_version(kc, ns: str) -> str:
 
 def steady_tick(kc, ns: str, kube: Kube, memo: LoopMemo) -> ServiceTick:
     body = yaml.safe_load(kubectl(kc, "get", "wis", NAME, "-n", ns, "-o=yaml"))
-    hub = SignalsHub(windows={60}, budget_windows={3600}, rounds={URL: steady_round(ns)})
+    hub = SignalsHub(windows={60}, budget_windows={3600}, answered={URL: steady_round(ns)})
     return ServiceTick(
         Shared(kube=kube, config=OperatorConfig(), hub=hub),
         memo,

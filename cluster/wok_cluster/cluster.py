@@ -19,6 +19,14 @@ from wok_cluster.waiting import wait_until
 
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok_stages.yaml"
 
+#: The controller-manager's and the scheduler's client rate limits (queries/s, burst). Their
+#: defaults (20/30 and 50/100) throttle the controllers to a few Deployments a second: each one
+#: takes a ReplicaSet, a pod, status updates and Events, so 1,000 services waited minutes in the
+#: clients' own limiters while the apiserver had room. kwokctl lifts them the same way
+#: (`disableQPSLimits`); the apiserver's priority and fairness still protects it.
+CLIENT_QPS = 1000
+CLIENT_BURST = 2000
+
 
 def wok_executable() -> str:
     """The `wok` script of the running interpreter's environment (the venv's)."""
@@ -48,6 +56,8 @@ class Cluster:
         # every pod IP of this cluster is in here; nodes get /24s of it
         self.pod_network = f"127.{self.pod_octet}.0.0/16"
         self.ready_seconds: float | None = None
+        # The controllers' secure ports (their /metrics, with the admin token), once started.
+        self.ports: dict[str, int] = {}
 
     @property
     def kubeconfig(self) -> Path:
@@ -66,6 +76,7 @@ class Cluster:
         bins = self.control_plane.binaries
         kubeconfigs = self.control_plane.kubeconfigs
         cm_port, scheduler_port = free_port(), free_port()
+        self.ports = {"kube-controller-manager": cm_port, "kube-scheduler": scheduler_port}
         cm = self.supervisor.start(
             "kube-controller-manager",
             [
@@ -158,6 +169,17 @@ class Cluster:
             kill_leftover_pods(self.backer_dir)
         self._pod_network_claim.close()
 
+    def component_metrics(self, name: str) -> str:
+        """The /metrics page of a controller (`self.ports`), read with the admin token."""
+        response = httpx.get(
+            f"https://127.0.0.1:{self.ports[name]}/metrics",
+            headers={"Authorization": f"Bearer {self.control_plane.tokens['admin']}"},
+            verify=False,  # the component's self-signed serving cert, on loopback
+            timeout=10.0,
+        )
+        response.raise_for_status()
+        return response.text
+
     def _start_backer(self, deadline: float) -> None:
         ready_file = self.backer_dir / "ready"
         ready_file.unlink(missing_ok=True)
@@ -200,6 +222,8 @@ def _component_flags(kubeconfig: Path, port: int, cert_dir: Path) -> list[str]:
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
         "--leader-elect=false",
+        f"--kube-api-qps={CLIENT_QPS}",
+        f"--kube-api-burst={CLIENT_BURST}",
     ]
 
 

@@ -40,7 +40,7 @@ from wok_operator.loop import (
     resume_state,
     state_from_status,
     status_digest,
-    status_due,
+    status_write_cause,
     with_batch_lane,
     with_kv_budget,
 )
@@ -54,7 +54,7 @@ from wok_operator.resources import (
     desired_service,
     selector_text,
 )
-from wok_operator.signals import SignalsHub
+from wok_operator.signals import HeldSignals, SignalsHub, carry_over, recheck_due
 from wok_operator.writer import ServiceWriter
 
 T = TypeVar("T")
@@ -77,6 +77,27 @@ class Shared:
     hub: SignalsHub = field(default_factory=SignalsHub)
     http: httpx.AsyncClient | None = None
     leadership: Candidate | None = None  # None: a single replica (--standalone)
+    # Whether the PodMonitor CRD exists, and when that was read (`pod_monitors_present`).
+    pod_monitors: tuple[bool, float] | None = None
+
+
+#: How long the finding that the PodMonitor CRD exists is trusted, and that it does not: a
+#: reconcile read it every time (1,000 GETs when 1,000 services resume); a CRD installed after
+#: the operator started is seen within the shorter.
+POD_MONITORS_PRESENT_S = 300.0
+POD_MONITORS_MISSING_S = 30.0
+
+
+def pod_monitors_present(wok: Shared, now: float | None = None) -> bool:
+    """Whether the cluster serves PodMonitors, read again only when the last finding is old."""
+    now = time.monotonic() if now is None else now
+    found = wok.pod_monitors
+    due = recheck_due(
+        found, now, present_s=POD_MONITORS_PRESENT_S, missing_s=POD_MONITORS_MISSING_S
+    )
+    if found is None or due:
+        found = wok.pod_monitors = (wok.kube.has_pod_monitors(), now)
+    return found[0]
 
 
 def shared(memo: Any) -> Shared:
@@ -190,7 +211,7 @@ def reconcile(
         ),
         desired_service(name, namespace),
     ]
-    if wok.kube.has_pod_monitors():
+    if pod_monitors_present(wok):
         owned.append(desired_pod_monitor(name, namespace))
     for obj in owned:
         kopf.adopt(obj, owner=body)
@@ -244,6 +265,7 @@ class LoopMemo:
     scaled_to: int | None = None
     scaled_from: int | None = None
     admin_token: str | None = None  # read once; a pod that refuses it has it read again
+    signals: HeldSignals | None = None  # the last signals a round had (`signals.carry_over`)
     writer: ServiceWriter = field(default_factory=ServiceWriter)
 
 
@@ -347,8 +369,13 @@ class ServiceTick:
             max_age_s=spec.scaling.interval_seconds,
         )
         if rnd.error is not None:
+            metrics.TICKS_WITHOUT_SIGNALS.inc()
             return ServiceSignals(), rnd.error
-        return rnd.signals(self.key, window, budget_window), None
+        fresh = rnd.signals(self.key, window, budget_window)
+        signals, self.memo.signals = carry_over(
+            fresh, rnd.fetched_at, self.memo.signals, max_age_s=spec.scaling.interval_seconds
+        )
+        return signals, None
 
     def record(
         self,
@@ -379,12 +406,13 @@ class ServiceTick:
         digest = status_digest(patch)
         last = self.memo.last_write_at
         since_write = None if last is None else time.monotonic() - last
-        if status_due(
+        cause = status_write_cause(
             digest,
             self.memo.last_digest,
             decided_change=decision.changed,
             since_write_s=since_write,
-        ):
+        )
+        if cause is not None:
             self.memo.writer.submit(
                 "status", kube_write(self.wok.kube.patch_status, self.name, self.namespace, patch)
             )
@@ -392,7 +420,7 @@ class ServiceTick:
             if last is None:  # the first heartbeat comes at the service's phase of the period
                 written_at -= phase(self.key, STATUS_HEARTBEAT_S / 2)
             self.memo.last_digest, self.memo.last_write_at = digest, written_at
-            metrics.STATUS_WRITES.inc()
+            metrics.STATUS_WRITES.labels(cause=cause).inc()
         for knob, before, after in (
             ("batch", decision.batch_before, decision.batch),
             ("replicas", decision.replicas_before, decision.replicas),
@@ -400,7 +428,14 @@ class ServiceTick:
             if after != before:
                 direction = "up" if after > before else "down"
                 metrics.DECISIONS.labels(knob=knob, direction=direction).inc()
-                kopf.info(self.body, reason=f"{knob.capitalize()}Changed", message=decision.reason)
+                # A decision is an Event whatever the posting level (which keeps the handlers'
+                # INFO logs out of the apiserver).
+                kopf.event(
+                    self.body,
+                    type="Normal",
+                    reason=f"{knob.capitalize()}Changed",
+                    message=decision.reason,
+                )
 
     def act(
         self,

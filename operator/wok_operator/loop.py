@@ -200,6 +200,10 @@ def status_digest(patch: dict[str, Any]) -> tuple[Any, ...]:
     return (*knobs, backlog, tuple(memory), tuple(conditions))
 
 
+#: The parts of `status_digest`, by name, in its order (the conditions come last).
+DIGEST_PARTS = ("batchSize", "replicas", "readyReplicas", "batchLane", "memory")
+
+
 def status_due(
     digest: tuple[Any, ...],
     last_digest: tuple[Any, ...] | None,
@@ -210,7 +214,44 @@ def status_due(
 ) -> bool:
     """Whether this tick writes status: a changed decision or digest, the heartbeat, or the first
     tick of this process (`since_write_s` None: nothing written yet)."""
-    return heartbeat_due(since_write_s, heartbeat_s) or decided_change or digest != last_digest
+    cause = status_write_cause(
+        digest,
+        last_digest,
+        decided_change=decided_change,
+        since_write_s=since_write_s,
+        heartbeat_s=heartbeat_s,
+    )
+    return cause is not None
+
+
+def status_write_cause(
+    digest: tuple[Any, ...],
+    last_digest: tuple[Any, ...] | None,
+    *,
+    decided_change: bool,
+    since_write_s: float | None,
+    heartbeat_s: float = STATUS_HEARTBEAT_S,
+) -> str | None:
+    """Why this tick writes status (None: it does not): `first` (nothing written by this
+    process yet), `decision` (a knob moved), the part of the digest that changed (`readyReplicas`,
+    `condition:Ready`, ...), or `heartbeat`. `wok_operator_status_writes{cause}` counts them."""
+    if since_write_s is None or last_digest is None:
+        return "first"
+    if decided_change:
+        return "decision"
+    if digest != last_digest:
+        return digest_change(digest, last_digest)
+    return "heartbeat" if heartbeat_due(since_write_s, heartbeat_s) else None
+
+
+def digest_change(digest: tuple[Any, ...], last_digest: tuple[Any, ...]) -> str:
+    """The first part of `status_digest` that differs between the two (by name)."""
+    for name, now, before in zip(DIGEST_PARTS, digest, last_digest, strict=False):
+        if now != before:
+            return name
+    now_conditions, last_conditions = set(digest[-1]), set(last_digest[-1])
+    changed = sorted({c[0] for c in now_conditions ^ last_conditions})
+    return f"condition:{changed[0]}" if changed else "conditions"
 
 
 def heartbeat_due(since_write_s: float | None, heartbeat_s: float = STATUS_HEARTBEAT_S) -> bool:
@@ -293,12 +334,10 @@ def decision_status(
         put(cond.PODS_PENDING, True, "PodsStarting", f"{obs.pending_replicas} pod(s) not ready yet")
     else:
         put(cond.PODS_PENDING, False, "NoPendingPods")
-    put(
-        cond.PROGRESSING,
-        not ready_all or decision.changed,
-        "Scaling" if decision.changed else ("Stable" if ready_all else "Rollout"),
-        decision.reason,
-    )
+    # Progressing follows the pods, not the decision: a batch step lands in one tick, and a
+    # condition that was True for the tick of a decision and False at the next wrote status
+    # twice per step (0.5 writes per service per minute of a 100-service ramp).
+    put(cond.PROGRESSING, not ready_all, "Stable" if ready_all else "Rollout", decision.reason)
     if decision.metrics_missing:
         put(cond.METRICS_UNAVAILABLE, True, "NoData", metrics_error or decision.reason)
     else:

@@ -41,10 +41,17 @@ WRITE_ERRORS = Counter(
 PROMQL_REQUESTS = Counter(
     "wok_operator_promql_requests", "PromQL queries sent (one round serves every service)"
 )
+TICKS_WITHOUT_SIGNALS = Counter(
+    "wok_operator_ticks_without_signals",
+    "Control ticks that held for want of a fresh Prometheus round (none has answered yet, or the "
+    "newest that did is older than 3 intervals, or it did not read the service's window)",
+)
 STATUS_WRITES = Counter(
     "wok_operator_status_writes",
     "InferenceService status patches (a checkpoint: on a change of decision or condition, or the "
-    "heartbeat)",
+    "heartbeat), by cause (first, decision, heartbeat, or the field that changed: readyReplicas, "
+    "condition:Ready, ...)",
+    ["cause"],
 )
 LEADER = Gauge("wok_operator_leader", "1 on the replica that acts (holds the Lease); 0 on standbys")
 

@@ -100,6 +100,17 @@ RECORDED_CHECK_S = 300.0
 MISSING_RECHECK_S = 30.0
 
 
+def recheck_due(
+    found: tuple[bool, float] | None, now: float, *, present_s: float, missing_s: float
+) -> bool:
+    """Whether a yes/no finding about a dependency (recorded series in Prometheus, a CRD in the
+    cluster), made at `found[1]`, is read again at `now`: a yes is trusted for `present_s`, a no
+    only for `missing_s`, so a dependency installed later is seen soon."""
+    if found is None:
+        return True
+    return now - found[1] >= (present_s if found[0] else missing_s)
+
+
 def _metric_id(histogram: str) -> str:
     return histogram.replace(":", "_")
 
@@ -240,9 +251,15 @@ def parse_vector(result: list[dict[str, Any]]) -> dict[ServiceKey, float]:
 
 @dataclass
 class Round:
-    fetched_at: float
+    fetched_at: float  # time.monotonic() when the round started
     vectors: dict[str, dict[ServiceKey, float]]
     error: str | None = None
+    evaluated_at: float | None = None  # the Unix time every query of the round was evaluated at
+
+    def reads(self, window: int, budget_window: int | None = None) -> bool:
+        """Whether this round read the signals over `window` (and `budget_window`)."""
+        names = [f"p99:{window}"] + ([] if budget_window is None else [f"p995:{budget_window}"])
+        return all(name in self.vectors for name in names)
 
     def signals(
         self, key: ServiceKey, window: int, budget_window: int | None = None
@@ -289,10 +306,17 @@ def farthest_from_one(*ratios: float | None) -> float | None:
 
 
 def fetch_round(
-    url: str, queries: dict[str, str], timeout_s: float = 5.0, *, concurrency: int = QUERY_POOL
+    url: str,
+    queries: dict[str, str],
+    timeout_s: float = 5.0,
+    *,
+    concurrency: int = QUERY_POOL,
+    at: float | None = None,
 ) -> Round:
     """One round of `round_queries` against `url`, at most `concurrency` queries in flight
-    (blocking: run it in a thread). The first failure fails the round; queries not yet sent are
+    (blocking: run it in a thread). Every query is evaluated at one instant, `at` (Unix seconds;
+    now by default): queries read a scrape apart disagree (a backlog's requests drained while its
+    tokens were still pending). The first failure fails the round; queries not yet sent are
     dropped."""
     from prometheus_api_client import PrometheusConnect
     from urllib3.util.retry import Retry
@@ -303,18 +327,22 @@ def fetch_round(
         url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s + 1.0
     )
 
-    def query(text: str) -> dict[ServiceKey, float]:
-        return parse_vector(client.custom_query(text, params={"timeout": f"{timeout_s:g}s"}))
-
     started = time.monotonic()
+    at = round(time.time() if at is None else at, 3)  # as PromQL reads it: milliseconds
+    params = {"timeout": f"{timeout_s:g}s", "time": f"{at:.3f}"}
+
+    def query(text: str) -> dict[ServiceKey, float]:
+        return parse_vector(client.custom_query(text, params=params))
+
     pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(queries))))
     try:
         vectors = dict(zip(queries, pool.map(query, queries.values()), strict=True))
     except Exception as error:  # any failure means "no data": the law then holds
-        return Round(fetched_at=started, vectors={}, error=f"{type(error).__name__}: {error}")
+        error_text = f"{type(error).__name__}: {error}"
+        return Round(fetched_at=started, vectors={}, error=error_text, evaluated_at=at)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return Round(fetched_at=started, vectors=vectors)
+    return Round(fetched_at=started, vectors=vectors, evaluated_at=at)
 
 
 def fetch_recorded(url: str, timeout_s: float = 5.0) -> bool:
@@ -324,21 +352,64 @@ def fetch_recorded(url: str, timeout_s: float = 5.0) -> bool:
     return rnd.error is None and bool(rnd.vectors["recorded"])
 
 
-#: A round older than this many intervals is not served: the tick waits for a new one (the
-#: refresher has just started, or Prometheus answers slower than the interval).
+#: A round older than this many intervals is not served: the tick holds, with the round named
+#: as stale (Prometheus answers slower than the interval, or has failed since).
 STALE_INTERVALS = 3.0
 #: A refresher stops after this many intervals without a tick asking for its rounds.
 IDLE_INTERVALS = 3.0
 
 
+def stale_reason(
+    good: Round | None,
+    last: Round | None,
+    now: float,
+    *,
+    max_age_s: float,
+    window: int,
+    budget_window: int | None = None,
+) -> str | None:
+    """Why the newest round that answered, `good`, cannot serve a tick at `now` (None: it can),
+    naming the last round's error when the last round failed (pure)."""
+    failed = "" if last is None or last.error is None else f"; the last round failed: {last.error}"
+    if good is None:
+        return f"no Prometheus round has answered yet{failed}"
+    age = now - good.fetched_at
+    if age > STALE_INTERVALS * max_age_s:
+        return (
+            f"stale: the newest Prometheus round that answered started {age:.1f} s ago, over "
+            f"{STALE_INTERVALS:g} intervals of {max_age_s:g} s{failed}"
+        )
+    if not good.reads(window, budget_window):
+        return f"no Prometheus round has read the {window} s window yet"
+    return None
+
+
+#: A service's signals with the start of the round that read them (`Round.fetched_at`).
+HeldSignals = tuple[ServiceSignals, float]
+
+
+def carry_over(
+    fresh: ServiceSignals, fresh_at: float, held: HeldSignals | None, *, max_age_s: float
+) -> tuple[ServiceSignals, HeldSignals | None]:
+    """The service's signals from the round that started at `fresh_at`, and what to hold for
+    the next tick (pure). A round with none of the service's series (one failed scrape marks a
+    pod's series stale at once: with 1,000 pods on a loaded machine, a service went missing for
+    a round several times a minute, and its MetricsUnavailable condition and status flapped)
+    gives the last signals it had, while they are no older than `STALE_INTERVALS` intervals."""
+    if fresh.reporting_pods is not None:
+        return fresh, (fresh, fresh_at)
+    if held is not None and fresh_at - held[1] <= STALE_INTERVALS * max_age_s:
+        return held[0], held
+    return fresh, None
+
+
 @dataclass
 class _Refresher:
-    """The task that fetches one Prometheus' rounds, and what its waiters wait on. Made anew with
-    its task, so it always belongs to the running event loop."""
+    """The task that fetches one Prometheus' rounds. Made anew with its task, so it always
+    belongs to the running event loop."""
 
     task: asyncio.Task[None]
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # fetch now, not at the interval
-    landed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
 @dataclass
@@ -346,12 +417,17 @@ class SignalsHub:
     """Shares rounds between control loops: one round per Prometheus per interval, for all.
 
     A refresher task per Prometheus fetches a round every interval (the shortest any service
-    asks for), ahead of the ticks: a tick reads the newest round and never waits on PromQL,
-    except for a first round, a window no round has read yet, or a round gone stale."""
+    asks for), ahead of the ticks. A tick never waits on PromQL: it reads the newest round that
+    answered, or, when there is none younger than `STALE_INTERVALS` intervals (the first round
+    has not landed, Prometheus has failed since, or answers slower than the interval), it gets
+    a round whose error names why, and the law holds. A failed round does not replace the last
+    good one while that one is fresh: one slow query does not flap every service's
+    MetricsUnavailable condition (and write every status)."""
 
     windows: set[int] = field(default_factory=lambda: {60})
     budget_windows: set[int] = field(default_factory=set)
-    rounds: dict[str, Round] = field(default_factory=dict)
+    rounds: dict[str, Round] = field(default_factory=dict)  # the latest round, failed or not
+    answered: dict[str, Round] = field(default_factory=dict)  # the latest round without error
     # Per Prometheus: whether the recording rules run there, and when that was last checked.
     recorded: dict[str, tuple[bool, float]] = field(default_factory=dict)
     # Per Prometheus, per service: the interval it asked for, and when it last asked.
@@ -372,8 +448,10 @@ class SignalsHub:
         max_age_s: float,
         budget_window: int | None = None,
     ) -> Round:
-        since = time.monotonic()
-        self.asked.setdefault(url, {})[key] = (max_age_s, since)
+        """The newest round that answered and read `window`, at once; else a round with the
+        error that says why there is none (the caller holds)."""
+        now = time.monotonic()
+        self.asked.setdefault(url, {})[key] = (max_age_s, now)
         new_window = window not in self.windows or (
             budget_window is not None and budget_window not in self.budget_windows
         )
@@ -381,18 +459,20 @@ class SignalsHub:
         if budget_window is not None:
             self.budget_windows.add(budget_window)
         refresher = self._refresher(url)
-        current = self.rounds.get(url)
-        stale = current is None or since - current.fetched_at > STALE_INTERVALS * max_age_s
-        if stale or new_window:
-            refresher.wake.set()
-            async with refresher.landed:
-                await refresher.landed.wait_for(lambda: self._started_since(url, since))
-            current = self.rounds[url]
-        return current
-
-    def _started_since(self, url: str, since: float) -> bool:
-        current = self.rounds.get(url)
-        return current is not None and current.fetched_at >= since
+        good = self.answered.get(url)
+        error = stale_reason(
+            good,
+            self.rounds.get(url),
+            now,
+            max_age_s=max_age_s,
+            window=window,
+            budget_window=budget_window,
+        )
+        if new_window:
+            refresher.wake.set()  # a round that reads it now, not at the next interval
+        if error is None and good is not None:
+            return good
+        return Round(fetched_at=now, vectors={}, error=error)
 
     def interval(self, url: str, now: float) -> float | None:
         """The shortest interval a service asked for at `url` while it kept asking; None once
@@ -423,9 +503,9 @@ class SignalsHub:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(refresher.wake.wait(), due)
             refresher.wake.clear()
-            self.rounds[url] = await self._fetch(url)
-            async with refresher.landed:
-                refresher.landed.notify_all()
+            rnd = self.rounds[url] = await self._fetch(url)
+            if rnd.error is None:
+                self.answered[url] = rnd
 
     async def _fetch(self, url: str) -> Round:
         started = time.monotonic()
@@ -452,8 +532,10 @@ class SignalsHub:
         `RECORDED_CHECK_S` (`MISSING_RECHECK_S` while they are missing), so rules installed (or
         removed) later are picked up."""
         found = self.recorded.get(url)
-        recheck_s = RECORDED_CHECK_S if found is not None and found[0] else MISSING_RECHECK_S
-        if found is None or time.monotonic() - found[1] >= recheck_s:
+        due = recheck_due(
+            found, time.monotonic(), present_s=RECORDED_CHECK_S, missing_s=MISSING_RECHECK_S
+        )
+        if found is None or due:
             found = (await self._in_thread(fetch_recorded, url), time.monotonic())
             PROMQL_REQUESTS.inc()
             self.recorded[url] = found

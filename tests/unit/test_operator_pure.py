@@ -13,7 +13,14 @@ from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
 from wok_operator.control import LawParams, LoopState, decide
 from wok_operator.leader import LeaseTimes
-from wok_operator.loop import decision_status, memory_status, observe, pod_view, state_from_status
+from wok_operator.loop import (
+    decision_status,
+    memory_status,
+    observe,
+    pod_view,
+    state_from_status,
+    status_digest,
+)
 from wok_operator.resources import (
     BATCH_SIZE_KEY,
     desired_batching_configmap,
@@ -195,7 +202,15 @@ def test_state_round_trips_through_status():
     assert status["lastDecision"]["inputs"]["desiredReplicas"] == d.desired_replicas
     types = {c["type"]: c["status"] for c in status["conditions"]}
     assert types["Ready"] == "True" and types["MetricsUnavailable"] == "False"
-    assert types["Progressing"] == "True"
+    # The batch moved and every pod is ready: nothing is on its way (the decision is in
+    # lastDecision); Progressing follows the pods.
+    assert types["Progressing"] == "False"
+    # The next tick holds: the same conditions, so the step is one status write, not two.
+    held = replace(d, batch_before=d.batch, replicas_before=d.replicas)
+    after = decision_status(
+        held, long_queue, previous_conditions=status["conditions"], generation=1, now="t2"
+    )
+    assert status_digest(after) == status_digest(status)
 
 
 def two_quiet_pods(**budget: float) -> Observation:

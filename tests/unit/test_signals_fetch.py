@@ -1,5 +1,7 @@
 """A round against a Prometheus that is down or silent fails fast: the law then holds. The hub
-fetches rounds ahead of the ticks, so a tick reads the last round instead of waiting on PromQL."""
+fetches rounds ahead of the ticks, so a tick reads the last round that answered and never waits
+on PromQL; a round older than `STALE_INTERVALS` intervals is named stale and the law holds. A
+round's queries are evaluated at one instant."""
 
 from __future__ import annotations
 
@@ -10,17 +12,23 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from wok_contracts.signals import ServiceSignals
 from wok_operator.signals import (
     IDLE_INTERVALS,
     MISSING_RECHECK_S,
     QUERY_POOL,
     RECORDED_CHECK_S,
+    STALE_INTERVALS,
+    Round,
     SignalsHub,
+    carry_over,
     fetch_round,
     round_queries,
+    stale_reason,
 )
 
 
@@ -51,6 +59,7 @@ class _CountingPrometheus(ThreadingHTTPServer):
 
     def __init__(self) -> None:
         self.in_flight = self.most_in_flight = self.answered = 0
+        self.times: list[str] = []  # each query's evaluation time (PromQL `time=`), as sent
         self.lock = threading.Lock()
         self.gate = threading.Event()
         self.gate.set()
@@ -58,7 +67,11 @@ class _CountingPrometheus(ThreadingHTTPServer):
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                form = self.rfile.read(length).decode() if length else ""
+                params = parse_qs(urlsplit(self.path).query) | parse_qs(form)
                 with server.lock:
+                    server.times.extend(params.get("time", ["<none>"]))
                     server.in_flight += 1
                     server.most_in_flight = max(server.most_in_flight, server.in_flight)
                 time.sleep(0.05)
@@ -121,35 +134,73 @@ async def _wait_for(condition, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_tick_reads_the_last_round_while_the_next_one_is_fetched(counting_prometheus):
+async def served(hub: SignalsHub, url: str, key=("ns", "s"), **asked) -> Round:
+    """The hub's first round that answers: a tick never waits for one, it asks again."""
+    deadline = time.monotonic() + 10.0
+    while (rnd := await hub.get(url, key, **asked)).error is not None:
+        assert time.monotonic() < deadline, rnd.error
+        await asyncio.sleep(0.01)
+    return rnd
+
+
+def test_every_query_of_a_round_is_evaluated_at_one_instant(counting_prometheus):
+    server, url = counting_prometheus
+    queries = round_queries({60}, {3600})
+    before = time.time()
+    result = fetch_round(url, queries)
+    assert result.error is None, result.error
+    assert len(server.times) == len(queries) and len(set(server.times)) == 1, server.times
+    assert result.evaluated_at == float(server.times[0])
+    assert before - 0.001 <= result.evaluated_at <= time.time()  # to the millisecond
+
+
+async def test_a_tick_never_waits_on_a_round(counting_prometheus):
     server, url = counting_prometheus
     key = ("ns", "s")
     hub = SignalsHub()
-    first = await hub.get(url, key, window=60, max_age_s=0.2)  # nothing yet: it waits
-    assert first.error is None and first.vectors["waiting"] == {key: 2.0}
-    server.gate.clear()  # the next round's queries hang
-    await _wait_for(lambda: server.in_flight > 0, "round in flight")
-    # The round in flight is held, and the last one is past its interval: a tick reads it.
-    held = await asyncio.wait_for(hub.get(url, key, window=60, max_age_s=0.2), 0.1)
-    assert held is first
+    server.gate.clear()  # the first round's queries hang
+    first = await asyncio.wait_for(hub.get(url, key, window=60, max_age_s=0.2), 0.1)
+    assert first.error is not None and "no Prometheus round has answered yet" in first.error
+    assert first.vectors == {}
     server.gate.set()
-    await _wait_for(lambda: hub.rounds[url] is not first, "next round")
-    assert hub.rounds[url].fetched_at > first.fetched_at
+    good = await served(hub, url, key, window=60, max_age_s=0.2)
+    assert good.vectors["waiting"] == {key: 2.0}
+    server.gate.clear()  # the next round is held: the tick reads the last one meanwhile
+    await _wait_for(lambda: server.in_flight > 0, "round in flight")
+    held = await asyncio.wait_for(hub.get(url, key, window=60, max_age_s=0.2), 0.1)
+    assert held is good
+    # Past 3 intervals the round is not served: the tick holds, told why.
+    await asyncio.sleep(STALE_INTERVALS * 0.2 - (time.monotonic() - good.fetched_at) + 0.05)
+    stale = await asyncio.wait_for(hub.get(url, key, window=60, max_age_s=0.2), 0.1)
+    assert stale.error is not None and stale.error.startswith("stale: "), stale.error
+    server.gate.set()
+    await _wait_for(lambda: hub.answered[url] is not good, "next round")
+    assert hub.answered[url].fetched_at > good.fetched_at
     await hub.close()
 
 
-async def test_a_new_window_waits_for_a_round_that_reads_it_and_idle_rounds_stop(
+def test_a_failed_round_does_not_replace_a_fresh_one():
+    good = Round(fetched_at=100.0, vectors={"p99:60": {}})
+    failed = Round(fetched_at=104.0, vectors={}, error="Timeout: read timed out")
+    assert stale_reason(good, failed, 105.0, max_age_s=5.0, window=60) is None
+    late = stale_reason(good, failed, 116.0, max_age_s=5.0, window=60)
+    assert late is not None and late.startswith("stale: ")
+    assert late.endswith("the last round failed: Timeout: read timed out")
+    assert "the 120 s window" in (stale_reason(good, None, 101.0, max_age_s=5.0, window=120) or "")
+
+
+async def test_a_new_window_is_read_by_the_next_round_and_idle_rounds_stop(
     counting_prometheus,
 ):
     server, url = counting_prometheus
     key = ("ns", "s")
     hub = SignalsHub()
-    await hub.get(url, key, window=60, max_age_s=0.1)
-    wider = await hub.get(url, key, window=120, budget_window=3600, max_age_s=0.1)
+    await served(hub, url, key, window=60, max_age_s=0.5)
+    wider = await served(hub, url, key, window=120, budget_window=3600, max_age_s=0.5)
     assert {"p99:120", "p995:3600"} <= set(wider.vectors)
     # Nobody asks any more: the refresher stops within its idle intervals and a round.
     task = hub._refreshers[url].task
-    await asyncio.wait_for(asyncio.shield(task), IDLE_INTERVALS * 0.1 + 5.0)
+    await asyncio.wait_for(asyncio.shield(task), IDLE_INTERVALS * 0.5 + 5.0)
     answered = server.answered
     await asyncio.sleep(0.3)
     assert server.answered == answered
@@ -161,7 +212,7 @@ async def test_a_prometheus_whose_recorded_series_were_missing_is_probed_again_s
     _, url = counting_prometheus
     # A minute ago its rules had not evaluated yet (the operator started with it); now they have.
     hub = SignalsHub(recorded={url: (False, time.monotonic() - MISSING_RECHECK_S - 1.0)})
-    rnd = await hub.get(url, ("ns", "s"), window=60, budget_window=3600, max_age_s=5.0)
+    rnd = await served(hub, url, window=60, budget_window=3600, max_age_s=5.0)
     await hub.close()
     assert hub.recorded[url][0] is True and rnd.error is None
     assert hub.recorded[url][1] > time.monotonic() - RECORDED_CHECK_S  # trusted for longer
@@ -178,9 +229,20 @@ async def test_a_round_is_fetched_while_the_loops_threads_wait_on_the_apiserver(
     writes = [loop.run_in_executor(None, apiserver.wait, 30) for _ in range(64)]
     hub = SignalsHub()
     try:
-        first = await asyncio.wait_for(hub.get(url, ("ns", "s"), window=60, max_age_s=1.0), 5.0)
+        first = await served(hub, url, window=60, max_age_s=1.0)
         assert first.error is None and first.vectors["waiting"] == {("ns", "s"): 2.0}
     finally:
         apiserver.set()
         await asyncio.gather(*writes)
         await hub.close()
+
+
+def test_a_service_missing_from_one_round_keeps_its_last_signals_for_three_intervals():
+    seen = ServiceSignals(waiting=1.0, running=4.0, reporting_pods=1)
+    missing = ServiceSignals()  # one failed scrape: none of the service's series in the round
+    signals, held = carry_over(seen, 100.0, None, max_age_s=5.0)
+    assert signals is seen and held == (seen, 100.0)
+    signals, held = carry_over(missing, 105.0, held, max_age_s=5.0)
+    assert signals is seen and held == (seen, 100.0)
+    signals, held = carry_over(missing, 100.0 + STALE_INTERVALS * 5.0 + 0.1, held, max_age_s=5.0)
+    assert signals is missing and held is None  # gone for longer: the law holds

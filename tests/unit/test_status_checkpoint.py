@@ -25,6 +25,7 @@ from wok_operator.loop import (
     resume_state,
     status_digest,
     status_due,
+    status_write_cause,
     with_kv_budget,
 )
 
@@ -188,3 +189,21 @@ async def test_a_ticks_kubernetes_calls_are_timed_by_call():
     before = count()
     assert await handlers.kube_call(patch_status, "chat", "team-a") == "team-a/chat"
     assert count() == before + 1
+
+
+def test_each_status_write_names_its_cause():
+    patch = {"batchSize": 8, "replicas": 2, "readyReplicas": 1, "conditions": []}
+    digest = status_digest(patch)
+
+    def cause(now: dict, *, decided: bool = False, since: float | None = 5.0) -> str | None:
+        return status_write_cause(
+            status_digest(now), digest, decided_change=decided, since_write_s=since
+        )
+
+    assert cause(patch, since=None) == "first"
+    assert cause({**patch, "batchSize": 9}, decided=True) == "decision"
+    assert cause({**patch, "readyReplicas": 2}) == "readyReplicas"
+    ready = {"type": "Ready", "status": "True", "reason": "ReplicasReady", "message": "2 ready"}
+    assert cause({**patch, "conditions": [ready]}) == "condition:Ready"
+    assert cause(patch) is None
+    assert cause(patch, since=STATUS_HEARTBEAT_S) == "heartbeat"
