@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
-from wok_runtime.model import Transformer
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, Transformer
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.parallel import (
     Parallel,
@@ -241,6 +241,8 @@ class ModelRunner:
                 f"max_model_len must be in [1, {config.max_position_embeddings}] for this model, "
                 f"got {max_model_len}"
             )
+        if torch_device.type == "cpu" and torch_dtype == torch.bfloat16:
+            keep_fp32_gemm_weights(model)
         if compile:
             # Only the sequence-agnostic parts: attention's per-step Python planning would
             # recompile on every new batch shape.
@@ -426,6 +428,21 @@ class ModelRunner:
         if self._pin:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
+
+
+def keep_fp32_gemm_weights(model: Transformer) -> None:
+    """A bfloat16 model on a CPU without AMX runs its larger GEMMs on fp32 copies of the
+    weights (model.FP32_GEMM_MIN_ROWS): the memory for twice the speed of prefills and large
+    decode batches."""
+    if torch.cpu._is_amx_tile_supported():
+        return  # AMX's bf16 GEMM outruns fp32
+    extra = model.keep_fp32_gemm_weights()
+    log.info(
+        "bfloat16 on a CPU without AMX: fp32 copies of the linear weights (%.0f MiB) for steps "
+        "of %d rows or more",
+        extra / 2**20,
+        FP32_GEMM_MIN_ROWS,
+    )
 
 
 def require_cuda(device: torch.device, *, gpus: int = 1) -> None:

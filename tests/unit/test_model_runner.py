@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, Linear
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 
@@ -257,6 +259,39 @@ def test_bfloat16_runs_close_to_float32(tiny_dir: Path) -> None:
         outs.append(runner.forward([StepInput(ids, 0, [0, 1, 2])])[0])
     assert outs[1].dtype == torch.float32
     assert (outs[0] - outs[1]).abs().max() < 0.1
+
+
+def test_bfloat16_linears_of_many_rows_run_the_same_sums_on_fp32_copies() -> None:
+    """The fp32 copies change the kernel, not the sums: from FP32_GEMM_MIN_ROWS rows a linear
+    computes the fp32 product of its bf16 inputs and weights, rounded once; below, bf16's."""
+    torch.manual_seed(0)
+    linear = Linear(64, 48, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64))
+        linear.bias.copy_(torch.randn(48))
+    linear = linear.bfloat16()
+    linear.keep_fp32_copy()
+    w, b = linear.weight.float(), linear.bias.float()
+    many = torch.randn(FP32_GEMM_MIN_ROWS, 64).bfloat16()
+    assert torch.equal(linear(many), F.linear(many.float(), w, b).bfloat16())
+    few = many[: FP32_GEMM_MIN_ROWS - 1]
+    assert torch.equal(linear(few), F.linear(few, linear.weight, linear.bias))
+
+
+def test_a_bfloat16_cpu_runner_keeps_fp32_copies_and_matches_without_them(tiny_dir: Path) -> None:
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=1 << 20, dtype="bfloat16", block_size=BLOCK
+    )
+    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    amx = torch.cpu._is_amx_tile_supported()
+    assert all((m.weight32 is None) == amx for m in linears)
+    ids = prompts(8192, [FP32_GEMM_MIN_ROWS + 8])[0]  # a prefill on the copies
+    with_copies = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
+    for m in linears:
+        m.weight32 = m.bias32 = None
+    without = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
+    assert with_copies.argmax() == without.argmax()
+    assert (with_copies - without).abs().max() < 0.1
 
 
 def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Path) -> None:
