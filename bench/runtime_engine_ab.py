@@ -11,6 +11,8 @@ Variants:
   bf16 GEMM        every linear on its bf16 weights (oneDNN)
   fp32 GEMM ≥ N    linears of N rows or more on fp32 copies of the weights (what `from_source`
                    sets up for bfloat16 on a CPU without AMX; N = model.FP32_GEMM_MIN_ROWS)
+  …, compiled      and each block's halves around attention compiled (`compile_blocks`,
+                   inductor), warmed up before the timed runs
 
     .venv/bin/python bench/runtime_engine_ab.py   # writes bench/results/runtime_engine_ab.*
 """
@@ -21,6 +23,7 @@ import argparse
 import shlex
 import statistics
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from cpu_kernels import write_report
 
-from wok_runtime.bench_engine import run_engine_bench, synthetic_workload
+from wok_runtime.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
 from wok_runtime.engine import EngineConfig
 from wok_runtime.model import FP32_GEMM_MIN_ROWS, Linear
 from wok_runtime.model_runner import ModelRunner
@@ -50,7 +53,22 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
         for m in linears:
             m.keep_fp32_copy()
 
-    return {"bf16 GEMM": bf16, f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": fp32}
+    # Compiled once; switching puts these very wrappers back, so no run compiles again.
+    runner.model.compile_blocks()
+    halves = ("before_attention", "after_attention")
+    wrappers = [{name: vars(block)[name] for name in halves} for block in runner.model.layers]
+
+    def compiled(enabled: bool) -> None:
+        runner.model.compile_blocks(False)
+        if enabled:
+            for block, methods in zip(runner.model.layers, wrappers, strict=True):
+                vars(block).update(methods)
+
+    return {
+        "bf16 GEMM": lambda: (compiled(False), bf16()),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": lambda: (compiled(False), fp32()),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}, compiled": lambda: (compiled(True), fp32()),
+    }
 
 
 def run_model(model: str, *, batch: int, requests: int, reps: int) -> dict[str, Any]:
@@ -60,14 +78,24 @@ def run_model(model: str, *, batch: int, requests: int, reps: int) -> dict[str, 
     config = EngineConfig(
         max_batch_size=batch, max_queue=requests, queue_timeout_s=1e9, max_model_len=512
     )
-    work = synthetic_workload(
-        num_requests=requests,
-        input_len=(128, 128),
-        output_len=(64, 64),
-        request_rate=float("inf"),
-        vocab_size=runner.config.vocab_size,
-    )
+
+    def load(count: int, output: int) -> list[BenchRequest]:
+        return synthetic_workload(
+            num_requests=count,
+            input_len=(128, 128),
+            output_len=(output, output),
+            request_rate=float("inf"),
+            vocab_size=runner.config.vocab_size,
+        )
+
+    work = load(requests, 64)
+    warm = load(batch, 3)  # the step shapes of the timed runs, compiled and warm
     variants = gemm_variants(runner)
+    for name, switch in variants.items():
+        switch()
+        started = time.perf_counter()
+        run_engine_bench(runner, config, warm, progress=False)
+        print(f"{model} batch {batch} {name}: warm-up {time.perf_counter() - started:.1f} s")
     figures: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rep in range(reps):
         names = list(variants) if rep % 2 == 0 else list(variants)[::-1]  # who goes first

@@ -255,6 +255,17 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, attention)
         return x
 
+    def compile_blocks(self, enabled: bool = True) -> None:
+        """Compiles every block's two halves around attention (inductor: norms, RoPE, SiLU and
+        residuals fused; the graphs are shared by all layers and every token count above one).
+        Attention stays eager: its per-step Python planning would recompile on every batch
+        shape. `enabled=False` puts the eager methods back."""
+        for block in self.layers:
+            for name in ("before_attention", "after_attention"):
+                vars(block).pop(name, None)  # the class's method again
+                if enabled:
+                    setattr(block, name, torch.compile(getattr(block, name), dynamic=True))
+
     def keep_fp32_gemm_weights(self) -> int:
         """fp32 copies of every linear's weights (`Linear.keep_fp32_copy`); returns their
         bytes."""

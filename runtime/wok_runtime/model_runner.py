@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,11 +244,6 @@ class ModelRunner:
             )
         if torch_device.type == "cpu" and torch_dtype == torch.bfloat16:
             keep_fp32_gemm_weights(model)
-        if compile:
-            # Only the sequence-agnostic parts: attention's per-step Python planning would
-            # recompile on every new batch shape.
-            for block in model.layers:
-                block.mlp = torch.compile(block.mlp, dynamic=True)
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
         # The room for the pool, measured after the load (the weights are not free memory).
         if torch_device.type == "cuda":
@@ -294,7 +290,7 @@ class ModelRunner:
                 f"a KV budget of {kv_cache_bytes} bytes holds no block of {block_size} tokens "
                 f"({block_bytes} bytes per block)"
             )
-        return cls(
+        runner = cls(
             model,
             tokenizer,
             num_blocks=num_blocks,
@@ -305,6 +301,36 @@ class ModelRunner:
             kv_memory=kv_memory,
             workers=workers,
         )
+        if compile:
+            runner.compile()
+        return runner
+
+    def compile(self) -> bool:
+        """Compiles the model's blocks (`Transformer.compile_blocks`) and runs each step shape
+        that makes a graph of its own (one token; fewer rows than FP32_GEMM_MIN_ROWS; more), so
+        that no request waits for the compiler. Any failure leaves the model eager (logged).
+        Returns whether the model runs compiled."""
+        started = time.perf_counter()
+        self.model.compile_blocks()
+        most = min(self.num_blocks * self.block_size, self.max_model_len)
+        most = min(most, self.max_num_batched_tokens)
+        counts = sorted({min(n, most) for n in (1, 2, FP32_GEMM_MIN_ROWS)})
+        try:
+            for n in counts:
+                self.forward([StepInput([0] * n, 0, list(range(-(-n // self.block_size))))])
+        except Exception:
+            log.warning("compiling the model failed; it runs eager", exc_info=True)
+            self.model.compile_blocks(False)
+            return False
+        finally:
+            self.k_blocks.zero_()  # the warm-up's K/V (see __init__: no garbage in the pool)
+            self.v_blocks.zero_()
+        log.info(
+            "model compiled and warmed up for %s-token steps in %.1f s",
+            ", ".join(map(str, counts)),
+            time.perf_counter() - started,
+        )
+        return True
 
     @torch.inference_mode()
     def forward(self, inputs: list[StepInput]) -> torch.Tensor:

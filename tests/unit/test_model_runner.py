@@ -73,10 +73,13 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0].float()
 
 
-def runner_for(path: Path, blocks: int = 256) -> ModelRunner:
+def runner_for(path: Path, blocks: int = 256, *, compile: bool = False) -> ModelRunner:
     probe = ModelConfig.from_file(path / "config.json")
     return ModelRunner.from_source(
-        str(path), kv_cache_bytes=blocks * BLOCK * probe.kv_bytes_per_token(4), block_size=BLOCK
+        str(path),
+        kv_cache_bytes=blocks * BLOCK * probe.kv_bytes_per_token(4),
+        block_size=BLOCK,
+        compile=compile,
     )
 
 
@@ -136,9 +139,15 @@ def generate_paged(
 
 
 def check_against_hf(
-    path: Path, lengths: list[int], steps: int, chunk: int, *, tol: float = TOL
+    path: Path,
+    lengths: list[int],
+    steps: int,
+    chunk: int,
+    *,
+    tol: float = TOL,
+    compile: bool = False,
 ) -> None:
-    runner = runner_for(path)
+    runner = runner_for(path, compile=compile)
     ref = hf_model(path)
     ids = prompts(runner.config.vocab_size, lengths)
 
@@ -167,6 +176,29 @@ def test_untied_tiny_matches_transformers(tiny_dir: Path) -> None:
 
 def test_tied_small_matches_transformers(tied_dir: Path) -> None:
     check_against_hf(tied_dir, lengths=[9, 21, 2], steps=32, chunk=4)
+
+
+def test_the_compiled_tiny_matches_transformers(tiny_dir: Path) -> None:
+    """Inductor's graphs (every step shape: prefills of 32 rows and more, chunks, decodes of
+    one and of several) compute what the eager model does, greedy token for greedy token."""
+    check_against_hf(tiny_dir, lengths=[40, 1, 30, 7], steps=24, chunk=5, compile=True)
+
+
+def test_a_model_that_fails_to_compile_runs_eager(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake_compile(fn, **_):  # a compiler that cannot build (no C++ toolchain, say)
+        def broken(*args, **kwargs):
+            raise RuntimeError("fake compiler: no toolchain")
+
+        return broken
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    runner = runner_for(tiny_dir)
+    assert not runner.compile()
+    assert not any("before_attention" in vars(block) for block in runner.model.layers)
+    ids = prompts(runner.config.vocab_size, [5])[0]
+    assert runner.forward([StepInput(ids, 0, [0, 1])]).isfinite().all()
 
 
 @pytest.mark.slow
