@@ -49,6 +49,14 @@ def decode_step(runner: ModelRunner, batch: int, position: int) -> list[StepInpu
     return [StepInput([100 + i], position, table) for i, table in enumerate(tables)]
 
 
+def mixed_step(runner: ModelRunner, batch: int, position: int, prompt: int) -> list[StepInput]:
+    """`batch` decodes and one prefill of `prompt` tokens in its own blocks after theirs."""
+    step = decode_step(runner, batch + 1, position)
+    first = step[-1].block_table[0]
+    table = list(range(first, first + -(-prompt // runner.block_size)))
+    return [*step[:batch], StepInput([7] * prompt, 0, table)]
+
+
 def side_by_side(
     runners: dict[str, ModelRunner], step: list[StepInput], threads: list[int], iters: int
 ) -> dict[str, float]:
@@ -89,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--position", type=int, default=160)
     parser.add_argument("--iters", type=int, default=8)
+    parser.add_argument("--mixed", type=int, default=256, help="a mixed step's prefill tokens")
+    parser.add_argument("--compile", action="store_true", help="the model compiled (--compile)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime_step"))
     args = parser.parse_args(argv)
     report: dict[str, Any] = {
@@ -99,16 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in args.models:
         runner = ModelRunner.from_source(
-            f"builtin:{name}", dtype="bfloat16", kv_cache_bytes=256 << 20, max_model_len=512
+            f"builtin:{name}",
+            dtype="bfloat16",
+            kv_cache_bytes=256 << 20,
+            max_model_len=512,
+            compile=args.compile,
         )
         largest = decode_step(runner, max(args.batches), args.position)
         medians = side_by_side({"plain": runner}, largest, [1, 2], args.iters)
         shares, seconds = {}, {}
-        for batch in args.batches:
-            step = decode_step(runner, batch, args.position)
-            seconds[batch] = side_by_side({"1 thread": runner}, step, [1], args.iters)
-            shares[batch] = op_groups(runner, step, max(2, args.iters // 2))
-            print(f"{name} x{batch}: {seconds[batch]} {shares[batch]}", file=sys.stderr)
+        steps = {f"batch {b}": decode_step(runner, b, args.position) for b in args.batches}
+        mixed = min(args.batches[-1], 8)
+        key = f"{mixed} + {args.mixed}-token prefill"
+        steps[key] = mixed_step(runner, mixed, args.position, args.mixed)
+        for label, step in steps.items():
+            seconds[label] = side_by_side({"1 thread": runner}, step, [1], args.iters)
+            shares[label] = op_groups(runner, step, max(2, args.iters // 2))
+            print(f"{name} {label}: {seconds[label]} {shares[label]}", file=sys.stderr)
         report["models"][name] = {
             "threads_at_largest_batch": medians,
             "step_seconds_by_batch": {b: next(iter(t.values())) for b, t in seconds.items()},
@@ -117,12 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
-        "# A decode step of wok's runtime, bfloat16, on this CPU",
+        "# A step of wok's runtime, bfloat16, on this CPU",
         "",
         f"Produced by `{report['command']}` on {report['when']} (torch {report['torch']}; a "
-        f"2-CPU machine shared with other work). Decode steps at position {args.position}; "
+        f"2-CPU machine shared with other work). Decode steps at position {args.position}, and "
+        "a mixed step (decodes and one prefill from position 0); "
         f"medians of {args.iters} interleaved runs. The profile shares are of the step's wall "
-        "time on one thread, the sampler's greedy pick included.",
+        "time on one thread, the sampler's greedy pick included; with `--compile`, the fused "
+        "kernels count among the other operators.",
     ]
     for name, model in report["models"].items():
         lines += ["", f"## builtin:{name}", "", "| threads, batch of "
@@ -133,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {variant.removeprefix('plain, ')} | {seconds * 1e3:.1f} | {tok_s:.0f} |"
             )
         by_batch = model["profile_shares_by_batch"]
-        lines += ["", "| share of a step | " + " | ".join(f"batch {b}" for b in by_batch) + " |"]
+        lines += ["", "| share of a step | " + " | ".join(by_batch) + " |"]
         lines += ["|---|" + "---|" * len(by_batch)]
         step_ms = [f"{s * 1e3:.1f} ms" for s in model["step_seconds_by_batch"].values()]
         lines += ["| step, 1 thread | " + " | ".join(step_ms) + " |"]

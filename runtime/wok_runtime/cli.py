@@ -78,6 +78,12 @@ def _register_serve(runtime: Any) -> None:
         default=None,
         help="cpu | cuda | sim (default: cuda when available); sim: a simulated accelerator",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the model with torch.compile (inductor) and warm it up before serving "
+        "(seconds to a minute at start; eager if compiling fails)",
+    )
     p.add_argument("--profile", default=None, help="sim: step-time profile, sim:NAME or a path")
     p.add_argument(
         "--sim-load-seconds",

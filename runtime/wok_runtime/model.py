@@ -38,6 +38,12 @@ class AttentionBackend(Protocol):
         ...
 
 
+#: Rows from which a bfloat16 linear on a CPU with fp32 copies of its weights runs on them:
+#: without AMX, oneDNN's bf16 GEMM reaches about half the fp32 kernel's rate once a GEMM is
+#: compute-bound; below this, reading half the bytes wins (bench/results/cpu_kernels.md).
+FP32_GEMM_MIN_ROWS = 32
+
+
 class Linear(nn.Module):
     """A linear layer whose weight is left uninitialised: every weight is loaded from a
     checkpoint, and drawing a random init for 135M parameters costs seconds at start-up."""
@@ -46,8 +52,19 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.weight32: torch.Tensor | None = None  # see keep_fp32_copy
+        self.bias32: torch.Tensor | None = None
+
+    def keep_fp32_copy(self) -> None:
+        """Holds fp32 copies of the weights for steps of FP32_GEMM_MIN_ROWS rows or more."""
+        self.weight32 = self.weight.float()
+        self.bias32 = None if self.bias is None else self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight32 is not None and x.shape[0] >= FP32_GEMM_MIN_ROWS:
+            # bf16 inputs and weights are exact in fp32: the same fp32 sums as the bf16 GEMM's,
+            # rounded once to x's dtype.
+            return F.linear(x.float(), self.weight32, self.bias32).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -141,6 +158,13 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         attention: AttentionBackend,
     ) -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)
+        return self.output(attention(self.layer, q, k, v))
+
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (T, hidden) -> q (T, H, hd), k and v (T, KVH, hd), q and k rotated."""
         T = x.shape[0]
         H, KVH = self.n_heads, self.n_kv_heads
         qkv = self.qkv_proj(x).view(T, H + 2 * KVH, self.head_dim)  # (T, H + 2*KVH, hd)
@@ -151,8 +175,11 @@ class Attention(nn.Module):
         qk = apply_rope(qk, cos, sin)  # (T, H + KVH, hd)
         q, k = qk[:, :H], qk[:, H:]  # (T, H, hd), (T, KVH, hd)
         v = qkv[:, H + KVH :]  # (T, KVH, hd)
-        out = attention(self.layer, q, k, v)  # (T, H, hd)
-        return self.parallel.all_reduce(self.o_proj(out.reshape(T, -1)))  # (T, hidden)
+        return q, k, v
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention's output (T, H, hd) -> (T, hidden)."""
+        return self.parallel.all_reduce(self.o_proj(out.flatten(1)))
 
 
 class MLP(nn.Module):
@@ -183,7 +210,18 @@ class Block(nn.Module):
         sin: torch.Tensor,
         attention: AttentionBackend,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        q, k, v = self.before_attention(x, cos, sin)
+        return self.after_attention(x, attention(self.self_attn.layer, q, k, v))
+
+    # The two halves around attention hold every op but attention's; `compile_blocks` compiles
+    # them (attention's per-step Python planning stays eager, as vLLM splits its graph there).
+    def before_attention(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.output(attended)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -216,6 +254,26 @@ class Transformer(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin, attention)
         return x
+
+    def compile_blocks(self, enabled: bool = True) -> None:
+        """Compiles every block's two halves around attention (inductor: norms, RoPE, SiLU and
+        residuals fused; the graphs are shared by all layers and every token count above one).
+        Attention stays eager: its per-step Python planning would recompile on every batch
+        shape. `enabled=False` puts the eager methods back."""
+        for block in self.layers:
+            for name in ("before_attention", "after_attention"):
+                vars(block).pop(name, None)  # the class's method again
+                if enabled:
+                    setattr(block, name, torch.compile(getattr(block, name), dynamic=True))
+
+    def keep_fp32_gemm_weights(self) -> int:
+        """fp32 copies of every linear's weights (`Linear.keep_fp32_copy`); returns their
+        bytes."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        for linear in linears:
+            linear.keep_fp32_copy()
+        copies = [t for m in linears for t in (m.weight32, m.bias32) if t is not None]
+        return sum(t.nbytes for t in copies)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, hidden) -> fp32 logits (N, vocab)."""

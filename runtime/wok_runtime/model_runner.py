@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
-from wok_runtime.model import Transformer
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, Transformer
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.parallel import (
     Parallel,
@@ -241,11 +242,8 @@ class ModelRunner:
                 f"max_model_len must be in [1, {config.max_position_embeddings}] for this model, "
                 f"got {max_model_len}"
             )
-        if compile:
-            # Only the sequence-agnostic parts: attention's per-step Python planning would
-            # recompile on every new batch shape.
-            for block in model.layers:
-                block.mlp = torch.compile(block.mlp, dynamic=True)
+        if torch_device.type == "cpu" and torch_dtype == torch.bfloat16:
+            keep_fp32_gemm_weights(model)
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
         # The room for the pool, measured after the load (the weights are not free memory).
         if torch_device.type == "cuda":
@@ -292,7 +290,7 @@ class ModelRunner:
                 f"a KV budget of {kv_cache_bytes} bytes holds no block of {block_size} tokens "
                 f"({block_bytes} bytes per block)"
             )
-        return cls(
+        runner = cls(
             model,
             tokenizer,
             num_blocks=num_blocks,
@@ -303,6 +301,36 @@ class ModelRunner:
             kv_memory=kv_memory,
             workers=workers,
         )
+        if compile:
+            runner.compile()
+        return runner
+
+    def compile(self) -> bool:
+        """Compiles the model's blocks (`Transformer.compile_blocks`) and runs each step shape
+        that makes a graph of its own (one token; fewer rows than FP32_GEMM_MIN_ROWS; more), so
+        that no request waits for the compiler. Any failure leaves the model eager (logged).
+        Returns whether the model runs compiled."""
+        started = time.perf_counter()
+        self.model.compile_blocks()
+        most = min(self.num_blocks * self.block_size, self.max_model_len)
+        most = min(most, self.max_num_batched_tokens)
+        counts = sorted({min(n, most) for n in (1, 2, FP32_GEMM_MIN_ROWS)})
+        try:
+            for n in counts:
+                self.forward([StepInput([0] * n, 0, list(range(-(-n // self.block_size))))])
+        except Exception:
+            log.warning("compiling the model failed; it runs eager", exc_info=True)
+            self.model.compile_blocks(False)
+            return False
+        finally:
+            self.k_blocks.zero_()  # the warm-up's K/V (see __init__: no garbage in the pool)
+            self.v_blocks.zero_()
+        log.info(
+            "model compiled and warmed up for %s-token steps in %.1f s",
+            ", ".join(map(str, counts)),
+            time.perf_counter() - started,
+        )
+        return True
 
     @torch.inference_mode()
     def forward(self, inputs: list[StepInput]) -> torch.Tensor:
@@ -426,6 +454,21 @@ class ModelRunner:
         if self._pin:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
+
+
+def keep_fp32_gemm_weights(model: Transformer) -> None:
+    """A bfloat16 model on a CPU without AMX runs its larger GEMMs on fp32 copies of the
+    weights (model.FP32_GEMM_MIN_ROWS): the memory for twice the speed of prefills and large
+    decode batches."""
+    if torch.cpu._is_amx_tile_supported():
+        return  # AMX's bf16 GEMM outruns fp32
+    extra = model.keep_fp32_gemm_weights()
+    log.info(
+        "bfloat16 on a CPU without AMX: fp32 copies of the linear weights (%.0f MiB) for steps "
+        "of %d rows or more",
+        extra / 2**20,
+        FP32_GEMM_MIN_ROWS,
+    )
 
 
 def require_cuda(device: torch.device, *, gpus: int = 1) -> None:

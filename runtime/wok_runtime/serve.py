@@ -61,6 +61,7 @@ def _build_runner(args: argparse.Namespace) -> Any:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
+        compile=args.compile,
     )
 
 

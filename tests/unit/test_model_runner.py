@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, Linear
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 
@@ -71,10 +73,13 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0].float()
 
 
-def runner_for(path: Path, blocks: int = 256) -> ModelRunner:
+def runner_for(path: Path, blocks: int = 256, *, compile: bool = False) -> ModelRunner:
     probe = ModelConfig.from_file(path / "config.json")
     return ModelRunner.from_source(
-        str(path), kv_cache_bytes=blocks * BLOCK * probe.kv_bytes_per_token(4), block_size=BLOCK
+        str(path),
+        kv_cache_bytes=blocks * BLOCK * probe.kv_bytes_per_token(4),
+        block_size=BLOCK,
+        compile=compile,
     )
 
 
@@ -134,9 +139,15 @@ def generate_paged(
 
 
 def check_against_hf(
-    path: Path, lengths: list[int], steps: int, chunk: int, *, tol: float = TOL
+    path: Path,
+    lengths: list[int],
+    steps: int,
+    chunk: int,
+    *,
+    tol: float = TOL,
+    compile: bool = False,
 ) -> None:
-    runner = runner_for(path)
+    runner = runner_for(path, compile=compile)
     ref = hf_model(path)
     ids = prompts(runner.config.vocab_size, lengths)
 
@@ -165,6 +176,29 @@ def test_untied_tiny_matches_transformers(tiny_dir: Path) -> None:
 
 def test_tied_small_matches_transformers(tied_dir: Path) -> None:
     check_against_hf(tied_dir, lengths=[9, 21, 2], steps=32, chunk=4)
+
+
+def test_the_compiled_tiny_matches_transformers(tiny_dir: Path) -> None:
+    """Inductor's graphs (every step shape: prefills of 32 rows and more, chunks, decodes of
+    one and of several) compute what the eager model does, greedy token for greedy token."""
+    check_against_hf(tiny_dir, lengths=[40, 1, 30, 7], steps=24, chunk=5, compile=True)
+
+
+def test_a_model_that_fails_to_compile_runs_eager(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake_compile(fn, **_):  # a compiler that cannot build (no C++ toolchain, say)
+        def broken(*args, **kwargs):
+            raise RuntimeError("fake compiler: no toolchain")
+
+        return broken
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    runner = runner_for(tiny_dir)
+    assert not runner.compile()
+    assert not any("before_attention" in vars(block) for block in runner.model.layers)
+    ids = prompts(runner.config.vocab_size, [5])[0]
+    assert runner.forward([StepInput(ids, 0, [0, 1])]).isfinite().all()
 
 
 @pytest.mark.slow
@@ -257,6 +291,39 @@ def test_bfloat16_runs_close_to_float32(tiny_dir: Path) -> None:
         outs.append(runner.forward([StepInput(ids, 0, [0, 1, 2])])[0])
     assert outs[1].dtype == torch.float32
     assert (outs[0] - outs[1]).abs().max() < 0.1
+
+
+def test_bfloat16_linears_of_many_rows_run_the_same_sums_on_fp32_copies() -> None:
+    """The fp32 copies change the kernel, not the sums: from FP32_GEMM_MIN_ROWS rows a linear
+    computes the fp32 product of its bf16 inputs and weights, rounded once; below, bf16's."""
+    torch.manual_seed(0)
+    linear = Linear(64, 48, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64))
+        linear.bias.copy_(torch.randn(48))
+    linear = linear.bfloat16()
+    linear.keep_fp32_copy()
+    w, b = linear.weight.float(), linear.bias.float()
+    many = torch.randn(FP32_GEMM_MIN_ROWS, 64).bfloat16()
+    assert torch.equal(linear(many), F.linear(many.float(), w, b).bfloat16())
+    few = many[: FP32_GEMM_MIN_ROWS - 1]
+    assert torch.equal(linear(few), F.linear(few, linear.weight, linear.bias))
+
+
+def test_a_bfloat16_cpu_runner_keeps_fp32_copies_and_matches_without_them(tiny_dir: Path) -> None:
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=1 << 20, dtype="bfloat16", block_size=BLOCK
+    )
+    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    amx = torch.cpu._is_amx_tile_supported()
+    assert all((m.weight32 is None) == amx for m in linears)
+    ids = prompts(8192, [FP32_GEMM_MIN_ROWS + 8])[0]  # a prefill on the copies
+    with_copies = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
+    for m in linears:
+        m.weight32 = m.bias32 = None
+    without = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
+    assert with_copies.argmax() == without.argmax()
+    assert (with_copies - without).abs().max() < 0.1
 
 
 def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Path) -> None:

@@ -1,0 +1,163 @@
+"""Variants of the runtime's model side by side, through the engine (no HTTP), on this CPU.
+
+Why: bench/runtime_vs_vllm.py compares whole servers, with HTTP and a noisy machine in the way;
+this says whether one change to the model's kernels makes the engine faster, before it goes in.
+One runner per model (bfloat16, one intra-op thread, as the server runs beside vLLM), each
+variant switched on in turn on the same runner, alternating, `--reps` times; medians. The load is
+the closed loops' (128 prompt and 64 output tokens per request, every request at once, at most
+`--batch` running), so steps mix prefill chunks and decode batches as a server's do.
+
+Variants:
+  bf16 GEMM        every linear on its bf16 weights (oneDNN)
+  fp32 GEMM ≥ N    linears of N rows or more on fp32 copies of the weights (what `from_source`
+                   sets up for bfloat16 on a CPU without AMX; N = model.FP32_GEMM_MIN_ROWS)
+  …, compiled      and each block's halves around attention compiled (`compile_blocks`,
+                   inductor), warmed up before the timed runs
+
+    .venv/bin/python bench/runtime_engine_ab.py   # writes bench/results/runtime_engine_ab.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from cpu_kernels import write_report
+
+from wok_runtime.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
+from wok_runtime.engine import EngineConfig
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, Linear
+from wok_runtime.model_runner import ModelRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = ("output_tokens_per_s", "tpot_p50_s", "ttft_p50_s")
+
+
+def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
+    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+
+    def bf16() -> None:
+        for m in linears:
+            m.weight32 = m.bias32 = None
+
+    def fp32() -> None:
+        for m in linears:
+            m.keep_fp32_copy()
+
+    # Compiled once; switching puts these very wrappers back, so no run compiles again.
+    runner.model.compile_blocks()
+    halves = ("before_attention", "after_attention")
+    wrappers = [{name: vars(block)[name] for name in halves} for block in runner.model.layers]
+
+    def compiled(enabled: bool) -> None:
+        runner.model.compile_blocks(False)
+        if enabled:
+            for block, methods in zip(runner.model.layers, wrappers, strict=True):
+                vars(block).update(methods)
+
+    return {
+        "bf16 GEMM": lambda: (compiled(False), bf16()),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": lambda: (compiled(False), fp32()),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}, compiled": lambda: (compiled(True), fp32()),
+    }
+
+
+def run_model(model: str, *, batch: int, requests: int, reps: int) -> dict[str, Any]:
+    runner = ModelRunner.from_source(
+        f"builtin:{model}", dtype="bfloat16", device="cpu", kv_cache_bytes=1 << 30
+    )
+    config = EngineConfig(
+        max_batch_size=batch, max_queue=requests, queue_timeout_s=1e9, max_model_len=512
+    )
+
+    def load(count: int, output: int) -> list[BenchRequest]:
+        return synthetic_workload(
+            num_requests=count,
+            input_len=(128, 128),
+            output_len=(output, output),
+            request_rate=float("inf"),
+            vocab_size=runner.config.vocab_size,
+        )
+
+    work = load(requests, 64)
+    warm = load(batch, 3)  # the step shapes of the timed runs, compiled and warm
+    variants = gemm_variants(runner)
+    for name, switch in variants.items():
+        switch()
+        started = time.perf_counter()
+        run_engine_bench(runner, config, warm, progress=False)
+        print(f"{model} batch {batch} {name}: warm-up {time.perf_counter() - started:.1f} s")
+    figures: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rep in range(reps):
+        names = list(variants) if rep % 2 == 0 else list(variants)[::-1]  # who goes first
+        for name in names:
+            variants[name]()
+            result = run_engine_bench(runner, config, work, progress=False)
+            for key in METRICS:
+                figures[name][key].append(result[key])
+            print(f"{model} batch {batch} rep {rep} {name}: {result[METRICS[0]]:.1f} tok/s")
+    medians = {n: {k: statistics.median(v) for k, v in f.items()} for n, f in figures.items()}
+    return {"model": model, "batch": batch, "requests": requests, "variants": medians}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# Model variants side by side through the engine, bfloat16, on this CPU",
+        "",
+        f"Produced by `{report['command']}` on {report['when']} (torch {report['torch']}, one "
+        f"intra-op thread, a 2-CPU machine shared with other work); {report['reps']} alternating "
+        "runs per variant, medians. Requests of 128 prompt and 64 output tokens, all at once. "
+        "tok/s ratio: the variant over the first one.",
+        "",
+        "| model | batch | variant | out tok/s | ratio | TPOT P50 ms | TTFT P50 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        first = next(iter(row["variants"].values()))["output_tokens_per_s"]
+        for name, v in row["variants"].items():
+            tok = v["output_tokens_per_s"]
+            lines.append(
+                f"| {row['model']} | {row['batch']} | {name} | {tok:.0f} | {tok / first:.2f}× | "
+                f"{v['tpot_p50_s'] * 1e3:.1f} | {v['ttft_p50_s'] * 1e3:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--requests", type=int, nargs="+", default=[64, 16], help="per model")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime_engine_ab"))
+    args = parser.parse_args(argv)
+    if len(args.requests) != len(args.models):
+        parser.error("--requests takes one count per model")
+    torch.set_num_threads(1)
+    rows = [
+        run_model(model, batch=batch, requests=max(n, batch), reps=args.reps)
+        for model, n in zip(args.models, args.requests, strict=True)
+        for batch in args.batches
+    ]
+    report = {
+        "command": shlex.join(["python", "bench/runtime_engine_ab.py", *sys.argv[1:]]),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "reps": args.reps,
+        "rows": rows,
+    }
+    write_report(Path(args.out), report, markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
