@@ -19,6 +19,7 @@ from wok_sim.evaluate import (
     judge,
     markdown,
     matrix,
+    misses,
     second_jobs,
 )
 
@@ -118,6 +119,26 @@ def test_the_report_says_where_a_policy_loses() -> None:
     text = markdown(ev, "wok evaluate")
     assert "| code ×3, 90 s start, loose SLOs | wok | 98.52" in text
     assert "**no**" in text
+
+
+def test_each_missed_goal_is_said_and_a_policy_that_meets_them_has_none() -> None:
+    front = [pt("static-5", 0.9854, 4.77), pt("static-6", 0.996, 5.72)]
+    rivals = [pt("hpa-concurrency-2", 0.986, 4.90)]
+    said = misses(judge(CODE, pt("wok", 0.9852, 4.96, batch=None), front, rivals))
+    assert len(said) == 3
+    assert said[0].startswith("under the frontier: 98.52 % at 4.96 GPU-h")
+    assert "hpa-concurrency-2 B16: 98.60 % at 4.90" in said[1]
+    assert (
+        said[2]
+        == "under 99% (98.52 %) where static-peak reaches 99.5% (static-6 B16: 99.60 % at 5.72)"
+    )
+    # At 99.4 % static-peak sets no 99 % goal; above the frontier, cheaper than every rival.
+    front[1] = pt("static-6", 0.994, 5.72)
+    assert misses(judge(CODE, pt("wok", 0.9852, 4.5, batch=None), front, rivals)) == []
+    ev = evaluate(
+        [outcome("wok", "wok", None, 0.9852, 4.96, seed=s) for s in SEEDS], [CODE], ["wok"]
+    )
+    assert "## Where a goal is missed" in markdown(ev, "wok evaluate")
 
 
 @pytest.mark.parametrize(
