@@ -288,21 +288,64 @@ def run_job(job: Job) -> Outcome:
     )
 
 
-def run_all(jobs: Sequence[Job], *, workers: int, desc: str) -> list[Outcome]:
+class Journal:
+    """Each finished simulation as one JSON line, so that a run stopped halfway (the shared
+    machine, a deadline) continues where it stopped: a job found in the journal is not run
+    again. Floats are written in full, so a result read back is the one computed. Only for the
+    same code: the journal does not know which law or simulator wrote it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.done: dict[Job, Outcome] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    o = _outcome_of(json.loads(line))
+                    self.done[o.job] = o
+
+    def add(self, outcome: Outcome) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(_line_of(outcome)) + "\n")
+
+
+def _line_of(o: Outcome) -> dict[str, Any]:
+    return {
+        **asdict(o.job.condition),
+        **{k: getattr(o.job, k) for k in ("seed", "policy", "variant")},
+        **{k: getattr(o, k) for k in ("name", "batch", "attainment", "gpu_hours", "wall_s")},
+    }
+
+
+def _outcome_of(line: dict[str, Any]) -> Outcome:
+    condition = Condition(*(line[f] for f in ("trace", "scale", "cold_start_s", "slo")))
+    job = Job(condition, line["seed"], line["policy"], line["variant"])
+    fields = ("name", "batch", "attainment", "gpu_hours", "wall_s")
+    return Outcome(job, *(line[f] for f in fields))
+
+
+def run_all(
+    jobs: Sequence[Job], *, workers: int, desc: str, journal: Journal | None = None
+) -> list[Outcome]:
     from tqdm import tqdm
 
-    ordered = sorted(jobs, key=lambda j: -j.cost)
+    journal = journal or Journal(None)
+    outcomes = [journal.done[j] for j in jobs if j in journal.done]
+    ordered = sorted((j for j in jobs if j not in journal.done), key=lambda j: -j.cost)
     progress = tqdm(total=len(ordered), desc=desc, unit="sim", file=sys.stderr)
-    outcomes: list[Outcome] = []
+
+    def finished(outcome: Outcome) -> None:
+        journal.add(outcome)
+        outcomes.append(outcome)
+        progress.update()
+
     if workers == 1:
         for job in ordered:
-            outcomes.append(run_job(job))
-            progress.update()
+            finished(run_job(job))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for future in as_completed([pool.submit(run_job, job) for job in ordered]):
-                outcomes.append(future.result())
-                progress.update()
+                finished(future.result())
     progress.close()
     return outcomes
 
@@ -657,6 +700,13 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations"
     )
+    parser.add_argument(
+        "--journal",
+        type=Path,
+        metavar="JSONL",
+        help="append each finished simulation here, and skip those already in it: a stopped run "
+        "continues where it stopped (the same code only; the results do not change)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -716,8 +766,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
     conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
     started = time.perf_counter()
-    first = run_all(first_jobs(conditions, policies), workers=args.jobs, desc="first seed")
-    second = run_all(second_jobs(first, policies), workers=args.jobs, desc="other seeds")
+    journal = Journal(args.journal)
+    first = run_all(
+        first_jobs(conditions, policies), workers=args.jobs, desc="first seed", journal=journal
+    )
+    second = run_all(
+        second_jobs(first, policies), workers=args.jobs, desc="other seeds", journal=journal
+    )
     outcomes = first + second
     ev = evaluate(outcomes, conditions, policies)
     ev = Evaluation(

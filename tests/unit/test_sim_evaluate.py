@@ -3,6 +3,8 @@ and which simulations the other seeds repeat."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from wok.cli import main
@@ -11,6 +13,7 @@ from wok_sim.evaluate import (
     STATIC,
     Condition,
     Job,
+    Journal,
     Outcome,
     Point,
     evaluate,
@@ -20,6 +23,7 @@ from wok_sim.evaluate import (
     markdown,
     matrix,
     misses,
+    run_all,
     second_jobs,
 )
 
@@ -139,6 +143,20 @@ def test_each_missed_goal_is_said_and_a_policy_that_meets_them_has_none() -> Non
         [outcome("wok", "wok", None, 0.9852, 4.96, seed=s) for s in SEEDS], [CODE], ["wok"]
     )
     assert "## Where a goal is missed" in markdown(ev, "wok evaluate")
+
+
+def test_a_journaled_run_continues_where_it_stopped(tmp_path: Path) -> None:
+    moon = Condition("mooncake", 1.0, 90.0, "loose")
+    kept, missing = Job(moon, 0, STATIC, 4016), Job(moon, 1, STATIC, 4016)
+    path = tmp_path / "runs.jsonl"
+    # A run that stopped after one simulation (its figure planted: it must come back as is).
+    Journal(path).add(Outcome(kept, "static-4", 16, 0.123456789012345, 0.34, 1.0))
+    outcomes = run_all([kept, missing], workers=1, desc="test", journal=Journal(path))
+    by_job = {o.job: o for o in outcomes}
+    assert by_job[kept].attainment == 0.123456789012345  # read back, not run again
+    assert by_job[missing].attainment > 0.9  # run now, and journaled
+    assert set(Journal(path).done) == {kept, missing}
+    assert Journal(path).done[missing] == by_job[missing]
 
 
 @pytest.mark.parametrize(
