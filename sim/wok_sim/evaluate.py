@@ -625,6 +625,13 @@ def to_json(ev: Evaluation, outcomes: Sequence[Outcome], command: str) -> str:
     )
 
 
+def _bar(mean: float, span: Iterable[float]) -> list[list[float]]:
+    """An error bar from a mean to its seeds' min and max: never negative (the mean of equal
+    values may differ from them in the last digit)."""
+    lo, hi = span
+    return [[max(0.0, mean - lo)], [max(0.0, hi - mean)]]
+
+
 def plot(ev: Evaluation, path: Path) -> None:
     """One panel per condition: the static frontier, the swept baselines, each policy with its
     range over seeds."""
@@ -649,11 +656,8 @@ def plot(ev: Evaluation, path: Path) -> None:
             ax.errorbar(
                 p.gpu_hours,
                 100 * p.attainment,
-                xerr=[[p.gpu_hours - p.gpu_hours_range[0]], [p.gpu_hours_range[1] - p.gpu_hours]],
-                yerr=[
-                    [100 * (p.attainment - p.attainment_range[0])],
-                    [100 * (p.attainment_range[1] - p.attainment)],
-                ],
+                xerr=_bar(p.gpu_hours, p.gpu_hours_range),
+                yerr=_bar(100 * p.attainment, (100 * lo for lo in p.attainment_range)),
                 fmt="o",
                 label=p.name,
             )

@@ -23,6 +23,7 @@ from wok_sim.evaluate import (
     markdown,
     matrix,
     misses,
+    plot,
     run_all,
     second_jobs,
 )
@@ -143,6 +144,15 @@ def test_each_missed_goal_is_said_and_a_policy_that_meets_them_has_none() -> Non
         [outcome("wok", "wok", None, 0.9852, 4.96, seed=s) for s in SEEDS], [CODE], ["wok"]
     )
     assert "## Where a goal is missed" in markdown(ev, "wok evaluate")
+
+
+def test_a_policy_equal_on_every_seed_plots(tmp_path: Path) -> None:
+    # The mean of five equal values can exceed them in the last digit (7.6466 → 7.646600000000001):
+    # its error bar is then zero, not negative.
+    outcomes = [outcome("wok", "wok", None, 0.86077, 7.6466, seed=s) for s in SEEDS]
+    outcomes += [outcome(STATIC, "static-8", 16, 0.99, 7.5, seed=s, variant=8016) for s in SEEDS]
+    plot(evaluate(outcomes, [CODE], ["wok"]), tmp_path / "evaluation.png")
+    assert (tmp_path / "evaluation.png").stat().st_size > 0
 
 
 def test_a_journaled_run_continues_where_it_stopped(tmp_path: Path) -> None:
