@@ -165,6 +165,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="random draws: overlay copies, routing, scrapes"
     )
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write plots here")
+    parser.add_argument(
+        "--ticks",
+        type=Path,
+        metavar="DIR",
+        help="write each policy's control ticks here (ticks-NAME.jsonl: the load, the fleet, the "
+        "P99s it saw and the reason it gave): which rule acted, and when",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable results")
     parser.add_argument(
         "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel simulations"
@@ -195,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from wok_sim.fleet import FleetConfig
     from wok_sim.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext, load_registry, resolve
-    from wok_sim.report import Slos, table, to_json, write_plots
+    from wok_sim.report import Slos, table, to_json, write_plots, write_ticks
 
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
@@ -256,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
         arrivals = [r.arrival_s for r in requests]
         for path in write_plots(chosen, slos, args.plot, arrivals_s=arrivals):
             print(f"plot: {path}", file=sys.stderr)
+    if args.ticks:
+        for path in write_ticks(chosen, args.ticks):
+            print(f"ticks: {path}", file=sys.stderr)
     return 0
 
 

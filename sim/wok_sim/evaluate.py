@@ -48,6 +48,9 @@ BASELINE_CONDITION = (90.0, "loose", (1.0, 3.0))
 FULL_SWEEP_BELOW = 0.90  # the frontier's fleets below this on the first seed are not run again
 SATURATED = 0.999  # nor those past the first that reaches this
 RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the first seed is out
+# The goals a policy is judged on besides the frontier and the baselines: where static-peak (the
+# cheapest fleet at 99 %) reaches 99.5 %, the policy's mean must reach 99 %.
+PEAK_REACHES, PEAK_GOAL = 0.995, 0.99
 MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered are run
 SWEPT_BASELINES = ("hpa-concurrency-swept", "keda-waiting-swept")
 STATIC = "static"
@@ -285,21 +288,64 @@ def run_job(job: Job) -> Outcome:
     )
 
 
-def run_all(jobs: Sequence[Job], *, workers: int, desc: str) -> list[Outcome]:
+class Journal:
+    """Each finished simulation as one JSON line, so that a run stopped halfway (the shared
+    machine, a deadline) continues where it stopped: a job found in the journal is not run
+    again. Floats are written in full, so a result read back is the one computed. Only for the
+    same code: the journal does not know which law or simulator wrote it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.done: dict[Job, Outcome] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    o = _outcome_of(json.loads(line))
+                    self.done[o.job] = o
+
+    def add(self, outcome: Outcome) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(_line_of(outcome)) + "\n")
+
+
+def _line_of(o: Outcome) -> dict[str, Any]:
+    return {
+        **asdict(o.job.condition),
+        **{k: getattr(o.job, k) for k in ("seed", "policy", "variant")},
+        **{k: getattr(o, k) for k in ("name", "batch", "attainment", "gpu_hours", "wall_s")},
+    }
+
+
+def _outcome_of(line: dict[str, Any]) -> Outcome:
+    condition = Condition(*(line[f] for f in ("trace", "scale", "cold_start_s", "slo")))
+    job = Job(condition, line["seed"], line["policy"], line["variant"])
+    fields = ("name", "batch", "attainment", "gpu_hours", "wall_s")
+    return Outcome(job, *(line[f] for f in fields))
+
+
+def run_all(
+    jobs: Sequence[Job], *, workers: int, desc: str, journal: Journal | None = None
+) -> list[Outcome]:
     from tqdm import tqdm
 
-    ordered = sorted(jobs, key=lambda j: -j.cost)
+    journal = journal or Journal(None)
+    outcomes = [journal.done[j] for j in jobs if j in journal.done]
+    ordered = sorted((j for j in jobs if j not in journal.done), key=lambda j: -j.cost)
     progress = tqdm(total=len(ordered), desc=desc, unit="sim", file=sys.stderr)
-    outcomes: list[Outcome] = []
+
+    def finished(outcome: Outcome) -> None:
+        journal.add(outcome)
+        outcomes.append(outcome)
+        progress.update()
+
     if workers == 1:
         for job in ordered:
-            outcomes.append(run_job(job))
-            progress.update()
+            finished(run_job(job))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for future in as_completed([pool.submit(run_job, job) for job in ordered]):
-                outcomes.append(future.result())
-                progress.update()
+                finished(future.result())
     progress.close()
     return outcomes
 
@@ -403,6 +449,26 @@ def judge(
     )
 
 
+def misses(v: Verdict) -> list[str]:
+    """The goals a verdict misses, in words (none: it meets them all)."""
+    p, peak, said = v.policy, v.static_peak, []
+    if not v.above_frontier:
+        said.append(
+            f"under the frontier: {_pct(p.attainment)} % at {p.gpu_hours:.2f} GPU-h, the "
+            f"frontier {_pct(v.frontier_attainment)} % there"
+        )
+    if v.cheaper_than_baselines is False:
+        said.append(
+            f"a baseline reaches its attainment with fewer GPU-h ({_short(v.cheapest_rival)})"
+        )
+    if peak is not None and peak.attainment >= PEAK_REACHES and p.attainment < PEAK_GOAL:
+        said.append(
+            f"under {PEAK_GOAL:.0%} ({_pct(p.attainment)} %) where static-peak reaches "
+            f"{PEAK_REACHES:.1%} ({_short(peak)})"
+        )
+    return said
+
+
 @dataclass(frozen=True)
 class Evaluation:
     verdicts: list[Verdict]
@@ -484,6 +550,14 @@ def markdown(ev: Evaluation, command: str) -> str:
             f"| {'not run' if v.cheaper_than_baselines is None else _short(v.cheapest_rival)} "
             f"| {_yes_no(v.cheaper_than_baselines)} |"
         )
+    lines += ["", "## Where a goal is missed", ""]
+    lines += [
+        "Above the frontier at its mean GPU-h; fewer GPU-h than every swept baseline that reaches "
+        f"its attainment; {PEAK_GOAL:.0%} wherever static-peak reaches {PEAK_REACHES:.1%}.",
+        "",
+    ]
+    missed = [(v, m) for v in ev.verdicts for m in misses(v)]
+    lines += [f"- {v.condition.label}, {v.policy.name}: {m}" for v, m in missed] or ["- none"]
     lines += ["", "## The swept baselines (each target at its best B)", ""]
     lines += [
         "Mean over the seeds; a target marked (seed 0) fell more than "
@@ -551,6 +625,13 @@ def to_json(ev: Evaluation, outcomes: Sequence[Outcome], command: str) -> str:
     )
 
 
+def _bar(mean: float, span: Iterable[float]) -> list[list[float]]:
+    """An error bar from a mean to its seeds' min and max: never negative (the mean of equal
+    values may differ from them in the last digit)."""
+    lo, hi = span
+    return [[max(0.0, mean - lo)], [max(0.0, hi - mean)]]
+
+
 def plot(ev: Evaluation, path: Path) -> None:
     """One panel per condition: the static frontier, the swept baselines, each policy with its
     range over seeds."""
@@ -575,11 +656,8 @@ def plot(ev: Evaluation, path: Path) -> None:
             ax.errorbar(
                 p.gpu_hours,
                 100 * p.attainment,
-                xerr=[[p.gpu_hours - p.gpu_hours_range[0]], [p.gpu_hours_range[1] - p.gpu_hours]],
-                yerr=[
-                    [100 * (p.attainment - p.attainment_range[0])],
-                    [100 * (p.attainment_range[1] - p.attainment)],
-                ],
+                xerr=_bar(p.gpu_hours, p.gpu_hours_range),
+                yerr=_bar(100 * p.attainment, (100 * lo for lo in p.attainment_range)),
                 fmt="o",
                 label=p.name,
             )
@@ -625,6 +703,13 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations"
+    )
+    parser.add_argument(
+        "--journal",
+        type=Path,
+        metavar="JSONL",
+        help="append each finished simulation here, and skip those already in it: a stopped run "
+        "continues where it stopped (the same code only; the results do not change)",
     )
     parser.set_defaults(func=run)
 
@@ -685,8 +770,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
     conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
     started = time.perf_counter()
-    first = run_all(first_jobs(conditions, policies), workers=args.jobs, desc="first seed")
-    second = run_all(second_jobs(first, policies), workers=args.jobs, desc="other seeds")
+    journal = Journal(args.journal)
+    first = run_all(
+        first_jobs(conditions, policies), workers=args.jobs, desc="first seed", journal=journal
+    )
+    second = run_all(
+        second_jobs(first, policies), workers=args.jobs, desc="other seeds", journal=journal
+    )
     outcomes = first + second
     ev = evaluate(outcomes, conditions, policies)
     ev = Evaluation(

@@ -82,19 +82,45 @@ def extrapolated_rate(
     counters only grow). The increase is extrapolated towards each edge by the gap to it, or by
     half a sample interval where the gap exceeds 1.1 intervals (the series began or ended inside
     the range), never below zero at the start, and divided by the whole range."""
+    return extrapolated_rates((first,), (last,), t_first, t_last, samples, start=start, end=end)[0]
+
+
+def extrapolated_rates(
+    first: Sequence[float],
+    last: Sequence[float],
+    t_first: float,
+    t_last: float,
+    samples: int,
+    *,
+    start: float,
+    end: float,
+) -> list[float]:
+    """`extrapolated_rate` of every series of one pod (they share their sample times), with the
+    same floating-point operations in the same order, so each value is bit-identical; what the
+    series share is computed once, and a series that did not move is 0 at once (a round reads
+    ~90 series per pod, most of them histogram buckets that no request reached)."""
     sampled = t_last - t_first
-    increase = last - first
     if samples < 2 or sampled <= 0:
-        return 0.0
+        return [0.0] * len(first)
     average = sampled / (samples - 1)
-    to_start, to_end = t_first - start, end - t_last
-    if increase > 0 and first >= 0:
-        to_start = min(to_start, sampled * first / increase)  # the counter's zero bounds it
     threshold = 1.1 * average
-    interval = sampled
-    interval += to_start if to_start < threshold else average / 2
-    interval += to_end if to_end < threshold else average / 2
-    return increase * interval / sampled / (end - start)
+    half = average / 2
+    gap_start, to_end = t_first - start, end - t_last
+    end_part = to_end if to_end < threshold else half
+    span = end - start
+    rates = []
+    for f, la in zip(first, last, strict=True):
+        increase = la - f
+        if increase == 0:
+            rates.append(0.0)
+            continue
+        to_start = gap_start
+        if increase > 0 and f >= 0:
+            to_start = min(to_start, sampled * f / increase)  # the counter's zero bounds it
+        interval = sampled + (to_start if to_start < threshold else half)
+        interval += end_part
+        rates.append(increase * interval / sampled / span)
+    return rates
 
 
 class _PodCounters:
@@ -209,15 +235,20 @@ class EmulatedPrometheus:
         samples in the window."""
         total = [0.0] * WIDTH
         any_pod = False
+        start = now - window
         for samples in self._history.values():
-            inside = [s for s in samples if now - window < s[0] <= now]
-            if len(inside) < 2:
+            # The samples are in time order: the window's are the last ones, at most `now`.
+            last = len(samples)
+            while last and samples[last - 1][0] > now:
+                last -= 1
+            first = last
+            while first and samples[first - 1][0] > start:
+                first -= 1
+            if last - first < 2:
                 continue
-            (t0, first), (t1, last) = inside[0], inside[-1]
-            for i in range(WIDTH):
-                total[i] += extrapolated_rate(
-                    first[i], last[i], t0, t1, len(inside), start=now - window, end=now
-                )
+            (t0, values0), (t1, values1) = samples[first], samples[last - 1]
+            rates = extrapolated_rates(values0, values1, t0, t1, last - first, start=start, end=now)
+            total = [a + b for a, b in zip(total, rates, strict=True)]
             any_pod = True
         return total if any_pod else None
 

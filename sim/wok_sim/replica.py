@@ -39,6 +39,7 @@ import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Literal
 
 from wok_contracts.profile import StepProfile
@@ -49,6 +50,7 @@ Mode = Literal["continuous", "static"]
 DEFAULT_MAX_QUEUE = 256  # the runtime's queue.maxLength default
 DEFAULT_QUEUE_TIMEOUT_S = 30.0  # queue.timeoutSeconds
 DEFAULT_MAX_WAIT_MS = 10  # batching.maxWaitMs
+_RANK = attrgetter("key")  # the scheduler's order: older first
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,7 @@ class SimReplica:
             return False
         seq = _Seq(rid, request, now + self.queue_timeout_s)
         if self.waiting and self.waiting[-1].key > seq.key:
-            bisect.insort(self.waiting, seq, key=lambda s: s.key)
+            bisect.insort(self.waiting, seq, key=_RANK)
         else:
             self.waiting.append(seq)
         self.clock = max(self.clock, now)
@@ -489,8 +491,11 @@ class SimReplica:
         alive = set(id(s) for s in running)
         budget = self.token_budget
         chosen: dict[int, tuple[_Seq, int]] = {}  # id -> (seq, tokens this step), in order
-        ranked = sorted(running, key=lambda s: s.key)
-        order = [s for s in ranked if s.uncomputed == 1] + [s for s in ranked if s.uncomputed > 1]
+        ranked = sorted(running, key=_RANK)
+        # Decodes first, then prefill chunks (`uncomputed` written out: this is the hot loop).
+        left = [s.prompt + s.generated - s.computed for s in ranked]
+        order = [s for s, u in zip(ranked, left, strict=True) if u == 1]
+        order += [s for s, u in zip(ranked, left, strict=True) if u > 1]
         preempted = False
         for seq in order:
             if id(seq) not in alive:
@@ -574,13 +579,13 @@ class SimReplica:
         seq.blocks = 0
         seq.computed = 0
         self.num_preemptions += 1
-        bisect.insort(self.waiting, seq, key=lambda s: s.key)
+        bisect.insort(self.waiting, seq, key=_RANK)
 
     def _regroup(self, running: list[_Seq]) -> None:
         """Splits the running sequences into the lazy decode set and the prefilling list."""
         self.prefilling = []
         for seq in running:
-            if seq.uncomputed == 1 and seq.generated > 0:
+            if seq.generated > 0 and seq.prompt + seq.generated - seq.computed == 1:
                 self._register_decoding(seq)
             else:
                 self.prefilling.append(seq)

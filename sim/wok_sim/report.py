@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -317,6 +317,18 @@ def comparison_figure(results: Sequence[PolicyResult]) -> Figure:
     fig.suptitle(f"{len(results)} policies on the same arrivals")
     fig.tight_layout()
     return fig
+
+
+def write_ticks(results: Sequence[PolicyResult], folder: Path) -> list[Path]:
+    """Each policy's control ticks, one JSON object a line: where a policy lost, its reasons say
+    which rule acted and when."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for result in results:
+        path = folder / f"ticks-{result.name}.jsonl"
+        path.write_text("".join(json.dumps(asdict(tick)) + "\n" for tick in result.timeline))
+        paths.append(path)
+    return paths
 
 
 def write_plots(

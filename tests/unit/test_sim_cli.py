@@ -49,6 +49,16 @@ def test_table_and_plots(capsys, tmp_path):
     assert not (tmp_path / "simulate-comparison.png").exists()
 
 
+def test_the_ticks_say_what_the_law_decided_and_why(capsys, tmp_path):
+    assert main([*SHORT, "--ticks", str(tmp_path)]) == 0
+    lines = (tmp_path / "ticks-wok.jsonl").read_text().splitlines()
+    ticks = [json.loads(line) for line in lines]
+    assert len(ticks) >= 90 // 5 - 1  # one a control interval over the 90 s trace
+    assert [t["time_s"] for t in ticks] == sorted(t["time_s"] for t in ticks)
+    assert all(t["reason"] and t["desired"] >= 1 for t in ticks)
+    assert "ticks-wok.jsonl" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "flags",
     [

@@ -3,6 +3,8 @@ and which simulations the other seeds repeat."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from wok.cli import main
@@ -11,6 +13,7 @@ from wok_sim.evaluate import (
     STATIC,
     Condition,
     Job,
+    Journal,
     Outcome,
     Point,
     evaluate,
@@ -19,6 +22,9 @@ from wok_sim.evaluate import (
     judge,
     markdown,
     matrix,
+    misses,
+    plot,
+    run_all,
     second_jobs,
 )
 
@@ -118,6 +124,49 @@ def test_the_report_says_where_a_policy_loses() -> None:
     text = markdown(ev, "wok evaluate")
     assert "| code ×3, 90 s start, loose SLOs | wok | 98.52" in text
     assert "**no**" in text
+
+
+def test_each_missed_goal_is_said_and_a_policy_that_meets_them_has_none() -> None:
+    front = [pt("static-5", 0.9854, 4.77), pt("static-6", 0.996, 5.72)]
+    rivals = [pt("hpa-concurrency-2", 0.986, 4.90)]
+    said = misses(judge(CODE, pt("wok", 0.9852, 4.96, batch=None), front, rivals))
+    assert len(said) == 3
+    assert said[0].startswith("under the frontier: 98.52 % at 4.96 GPU-h")
+    assert "hpa-concurrency-2 B16: 98.60 % at 4.90" in said[1]
+    assert (
+        said[2]
+        == "under 99% (98.52 %) where static-peak reaches 99.5% (static-6 B16: 99.60 % at 5.72)"
+    )
+    # At 99.4 % static-peak sets no 99 % goal; above the frontier, cheaper than every rival.
+    front[1] = pt("static-6", 0.994, 5.72)
+    assert misses(judge(CODE, pt("wok", 0.9852, 4.5, batch=None), front, rivals)) == []
+    ev = evaluate(
+        [outcome("wok", "wok", None, 0.9852, 4.96, seed=s) for s in SEEDS], [CODE], ["wok"]
+    )
+    assert "## Where a goal is missed" in markdown(ev, "wok evaluate")
+
+
+def test_a_policy_equal_on_every_seed_plots(tmp_path: Path) -> None:
+    # The mean of five equal values can exceed them in the last digit (7.6466 → 7.646600000000001):
+    # its error bar is then zero, not negative.
+    outcomes = [outcome("wok", "wok", None, 0.86077, 7.6466, seed=s) for s in SEEDS]
+    outcomes += [outcome(STATIC, "static-8", 16, 0.99, 7.5, seed=s, variant=8016) for s in SEEDS]
+    plot(evaluate(outcomes, [CODE], ["wok"]), tmp_path / "evaluation.png")
+    assert (tmp_path / "evaluation.png").stat().st_size > 0
+
+
+def test_a_journaled_run_continues_where_it_stopped(tmp_path: Path) -> None:
+    moon = Condition("mooncake", 1.0, 90.0, "loose")
+    kept, missing = Job(moon, 0, STATIC, 4016), Job(moon, 1, STATIC, 4016)
+    path = tmp_path / "runs.jsonl"
+    # A run that stopped after one simulation (its figure planted: it must come back as is).
+    Journal(path).add(Outcome(kept, "static-4", 16, 0.123456789012345, 0.34, 1.0))
+    outcomes = run_all([kept, missing], workers=1, desc="test", journal=Journal(path))
+    by_job = {o.job: o for o in outcomes}
+    assert by_job[kept].attainment == 0.123456789012345  # read back, not run again
+    assert by_job[missing].attainment > 0.9  # run now, and journaled
+    assert set(Journal(path).done) == {kept, missing}
+    assert Journal(path).done[missing] == by_job[missing]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,12 @@ from wok_contracts.metrics import TTFT_BUCKETS
 from wok_contracts.profile import load_profile
 from wok_contracts.traces import TraceRequest
 from wok_operator.signals import round_queries
-from wok_sim.prometheus import EmulatedPrometheus, histogram_quantile
+from wok_sim.prometheus import (
+    EmulatedPrometheus,
+    extrapolated_rate,
+    extrapolated_rates,
+    histogram_quantile,
+)
 from wok_sim.replica import RequestRecord, SimReplica
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
@@ -164,3 +169,14 @@ def test_a_pod_gone_mid_window_weighs_what_it_served_not_its_rate_while_it_lived
         if t >= 60:
             served.append(prom.signals(float(t), 60).finished_per_s)
     assert all(18.0 < rate < 22.0 for rate in served), served
+
+
+def test_a_pods_series_are_rated_each_as_prometheus_rates_one():
+    # Samples every 5 s from 3 s to 58 s of a 60 s window: 2 s to the end is extrapolated, the
+    # 3 s to the start only where the counter's zero does not bound it first.
+    first, last = (5.0, 0.0, 100.0), (5.0, 110.0, 210.0)
+    rates = extrapolated_rates(first, last, 3.0, 58.0, 12, start=0.0, end=60.0)
+    assert rates == pytest.approx([0.0, 110 * 57 / 55 / 60, 110 * 60 / 55 / 60])
+    for f, la, rate in zip(first, last, rates, strict=True):
+        assert extrapolated_rate(f, la, 3.0, 58.0, 12, start=0.0, end=60.0) == rate
+    assert extrapolated_rates(first, last, 3.0, 3.0, 1, start=0.0, end=60.0) == [0.0] * 3
