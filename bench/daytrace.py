@@ -43,7 +43,7 @@ from wok_sim.evaluate import (
 CONDITION = Condition("day", 1.0, 90.0, "loose")
 # In the order they run (a stopped run keeps the first): the fleets around the planner's peak
 # (3 pods) at B64, then the nearest rivals, then the same fleets at B32.
-STATICS = ((4, 64), (5, 64), (3, 64), (4, 32), (5, 32), (6, 64))
+STATICS = ((4, 64), (3, 64), (5, 64), (4, 32), (3, 32), (5, 32))
 # (registry name, variant name, B): the targets nearest wok on the hour-long code trace.
 BASELINES = (
     ("hpa-concurrency-swept", "hpa-concurrency-4", 64),
