@@ -206,7 +206,11 @@ def markdown(runs: list[dict], command: str) -> str:
             f"{_pct(peak.attainment)} % at {peak.gpu_hours:.2f} GPU-h.",
             f"- wok: {_pct(w.attainment)} % at {w.gpu_hours:.2f} GPU-h, "
             f"{100 * s['share_of_peak']:.0f} % of static-peak's; the static frontier at wok's "
-            f"GPU-h: {_pct(s['frontier_there'])} %.",
+            + (
+                f"GPU-h: {_pct(s['frontier_there'])} %."
+                if any(p.gpu_hours <= w.gpu_hours for p in s["frontier"])
+                else "GPU-h: below every static fleet run."
+            ),
             f"- Goal {'**met**' if s['goal'] else '**not met**'}.",
             "- Cheapest baseline run at or above wok's attainment: "
             + (
@@ -268,6 +272,7 @@ def plot(runs: list[dict], path: Path) -> None:
     if peak_run:
         replicas = int(peak.name.removeprefix("static-"))
         axes[1].axhline(replicas, color="k", linestyle="--", label=f"{peak.name} (static-peak)")
+    axes[1].set_ylim(bottom=0)
     axes[1].set_ylabel("pods (hourly mean)")
     axes[1].legend(fontsize="small")
     for run, label in ((wok0, "wok"), (peak_run, "static-peak")):
