@@ -43,7 +43,7 @@ from wok_sim.evaluate import (
 CONDITION = Condition("day", 1.0, 90.0, "loose")
 # In the order they run (a stopped run keeps the first): the fleets around the planner's peak
 # (3 pods) at B64, then the nearest rivals, then the same fleets at B32.
-STATICS = ((4, 64), (3, 64), (5, 64), (4, 32), (3, 32), (5, 32))
+STATICS = ((4, 64), (3, 64), (5, 64), (2, 64), (4, 32), (3, 32), (5, 32))
 # (registry name, variant name, B): the targets nearest wok on the hour-long code trace.
 BASELINES = (
     ("hpa-concurrency-swept", "hpa-concurrency-4", 64),
@@ -293,10 +293,10 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write(runs: list[dict], command: str) -> None:
-    OUT.write_text(json.dumps({"command": command, "runs": runs}, indent=1) + "\n")
-    OUT.with_suffix(".md").write_text(markdown(runs, command))
-    plot(runs, OUT.with_suffix(".png"))
+def write(runs: list[dict], command: str, out: Path) -> None:
+    out.write_text(json.dumps({"command": command, "runs": runs}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(runs, command))
+    plot(runs, out.with_suffix(".png"))
 
 
 def main() -> int:
@@ -305,13 +305,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel simulations")
     parser.add_argument("--only", default="", help="run the jobs whose key starts with this")
     parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
+    parser.add_argument("--out", type=Path, default=OUT, help="the JSON (and .md, .png beside it)")
     args = parser.parse_args()
-    stored = json.loads(OUT.read_text()) if OUT.is_file() else {"runs": []}
+    out = args.out
+    stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     runs: list[dict] = stored["runs"]
     command = "nice -n 19 .venv/bin/python bench/daytrace.py " + " ".join(sys.argv[1:])
     if args.render:
-        write(runs, stored.get("command", command))
-        print(OUT.with_suffix(".md").read_text())
+        write(runs, stored.get("command", command), out)
+        print(out.with_suffix(".md").read_text())
         return 0
     done = {r["key"] for r in runs}
     todo = [
@@ -324,13 +326,13 @@ def main() -> int:
         for future in as_completed([pool.submit(run_job, j) for j in todo]):
             run = future.result()
             runs.append(run)
-            write(runs, command)
+            write(runs, command, out)
             print(
                 f"{run['key']}: {run['name']} B{run['batch']} {_pct(run['attainment'])} % at "
                 f"{run['gpu_hours']:.2f} GPU-h ({run['sim_s']:.0f} s)",
                 file=sys.stderr,
             )
-    print(OUT.with_suffix(".md").read_text())
+    print(out.with_suffix(".md").read_text())
     return 0
 
 
