@@ -1,7 +1,8 @@
 """Request traces: what arrives, when, and how long it is.
 
-Readers for the Azure LLM inference trace CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`) and the
-Mooncake JSONL format (`timestamp` in ms, `input_length`, `output_length`, `hash_ids`), plus
+Readers for the Azure LLM inference trace CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`), the
+Mooncake JSONL format (`timestamp` in ms, `input_length`, `output_length`, `hash_ids`) and the
+compact ServeGen day trace (per-window rates, inter-arrival fits and length PMFs, drawn from), plus
 Poisson and scripted loads, and the rate scaling the fleet simulator offers (`compress` or
 `overlay`). One parser per format, shared with the runtime's benchmarks (this module is pure
 Python).
@@ -9,6 +10,7 @@ Python).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import csv
 import dataclasses
@@ -293,7 +295,8 @@ def parse_script(text: str) -> tuple[Phase, ...]:
 
 
 def load_trace(ref: str, *, seed: int = 0) -> list[TraceRequest]:
-    """`poisson:RATE:SECONDS`, `script[:…]`, or a path (`.jsonl`: Mooncake, else Azure CSV)."""
+    """`poisson:RATE:SECONDS`, `script[:…]`, or a path (`.jsonl`: Mooncake; `.json`: a compact
+    ServeGen trace, its default day drawn with `seed`; else Azure CSV)."""
     if ref.startswith("poisson:"):
         try:
             _, rate, seconds = ref.split(":")
@@ -305,4 +308,116 @@ def load_trace(ref: str, *, seed: int = 0) -> list[TraceRequest]:
     path = Path(ref)
     if path.suffix == ".jsonl":
         return read_mooncake(path)
+    if path.suffix == ".json":
+        return read_servegen(path, seed=seed)
     return read_azure(path)
+
+
+DAY_S = 86400.0
+
+
+def read_servegen(
+    path: Path,
+    *,
+    day: int | None = None,
+    seconds: float = DAY_S,
+    rate_scale: float | None = None,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """A seeded request stream drawn from a compact ServeGen trace (bench/traces/servegen.py):
+    `seconds` from midnight of `day` (0 is the file's first), times from there; by default the
+    file's own day and rate scale. Each stream is a renewal process in its own clock: unit-mean
+    gaps from the window's fitted family and shape (the fit gives the burstiness; the window's
+    rate × `rate_scale` gives the mean, the shape's CV is kept), spent in seconds at the window's
+    rate, so a gap that runs into an idle window resumes when the stream does. Lengths come from
+    the PMF of the 6-hour block the arrival falls in: a log bin by its weight, then a token
+    count uniform in it."""
+    _check_file(path)
+    try:
+        trace = json.loads(path.read_text())
+        window, block = float(trace["window_s"]), float(trace["block_s"])
+        streams = [(s["rate"], s["family"], s["shape"]) for s in trace["streams"]]
+        edges = [int(e) for e in trace["edges"]]
+        pmfs = [_cumulative(trace[f"{k}_ppm"]) for k in ("input", "output")]
+        day = int(trace["default_day"]) if day is None else day
+        scale = float(trace["default_rate_scale"]) if rate_scale is None else rate_scale
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path} is not a compact ServeGen trace: {error}") from None
+    start_s = day * DAY_S
+    end_s = start_s + seconds
+    held = len(streams[0][0]) * window
+    if not (0 <= start_s < end_s <= held and scale > 0 and math.isfinite(scale)):
+        raise ValueError(
+            f"{path} holds {held / DAY_S:g} days: want a span inside it and a positive rate "
+            f"scale, got day {day}, {seconds:g} s at ×{scale:g}"
+        )
+    rng = random.Random(seed)
+    arrivals = sorted(
+        t
+        for rates, families, shapes in streams
+        for t in _renewal(rng, rates, families, shapes, window, start_s, end_s, scale)
+    )
+    out = []
+    for t in arrivals:
+        b = min(int(t // block), len(pmfs[0]) - 1)
+        prompt, output = (_draw(rng, edges, pmf[b]) for pmf in pmfs)
+        out.append(TraceRequest(t - start_s, prompt, output))
+    return out
+
+
+def _renewal(
+    rng: random.Random,
+    rates: list[float],
+    families: str,
+    shapes: list[float],
+    window: float,
+    start_s: float,
+    end_s: float,
+    rate_scale: float,
+) -> list[float]:
+    """One stream's arrival times in [start_s, end_s): `left` is the unit-mean gap still to run,
+    spent at each window's rate."""
+    out: list[float] = []
+    left: float | None = None  # the first gap is drawn in the first busy window
+    for w in range(int(start_s // window), math.ceil(end_s / window)):
+        rate = rates[w] * rate_scale
+        if rate <= 0:
+            continue
+        lo, hi = max(w * window, start_s), min((w + 1) * window, end_s)
+        t = lo
+        while True:
+            if left is None:
+                left = _unit_gap(rng, families[w], shapes[w])
+            if t + left / rate >= hi:
+                left -= (hi - t) * rate
+                break
+            t += left / rate
+            out.append(t)
+            left = None
+    return out
+
+
+def _unit_gap(rng: random.Random, family: str, shape: float) -> float:
+    """A gap of mean 1 from a Gamma (`G`) or Weibull (`W`) of this shape."""
+    if family == "G":
+        return rng.gammavariate(shape, 1.0 / shape)
+    if family == "W":
+        return rng.weibullvariate(1.0 / math.gamma(1.0 + 1.0 / shape), shape)
+    raise ValueError(f"unknown inter-arrival family {family!r} in a busy window")
+
+
+def _cumulative(blocks: list[list[int]]) -> list[list[float]]:
+    """Each block's parts per million as a cumulative distribution over its bins."""
+    out = []
+    for ppm in blocks:
+        total = float(sum(ppm))
+        if total <= 0:
+            raise ValueError("a length PMF with no weight")
+        out.append(list(itertools.accumulate(p / total for p in ppm)))
+    return out
+
+
+def _draw(rng: random.Random, edges: list[int], cumulative: list[float]) -> int:
+    """A token count: a bin by its weight, then uniform inside it."""
+    k = min(bisect.bisect_right(cumulative, rng.random()), len(cumulative) - 1)
+    return rng.randrange(edges[k], edges[k + 1])

@@ -114,8 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         default=str(DEFAULT_TRACE),
-        help="an Azure CSV or Mooncake .jsonl path, poisson:RATE:SECONDS, or script[:S@R[-R2],…] "
-        "(default: the Azure code trace in bench/traces)",
+        help="an Azure CSV, Mooncake .jsonl or compact ServeGen .json path (its default day, "
+        "drawn with --seed), poisson:RATE:SECONDS, or script[:S@R[-R2],…] (default: the Azure "
+        "code trace in bench/traces)",
     )
     parser.add_argument(
         "--rate-scale",

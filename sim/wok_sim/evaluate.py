@@ -37,7 +37,10 @@ TRACES = {
     "code": str(TRACES_DIR / "azure_llm_2023_code.csv"),
     "conv": str(TRACES_DIR / "azure_llm_2023_conv.csv"),
     "mooncake": str(TRACES_DIR / "mooncake_conversation.jsonl"),
+    "day": str(TRACES_DIR / "servegen_m_large.json"),  # its default day, drawn with each seed
 }
+#: Run only when named (`--trace day`): a day is 24 times an hour-long trace's simulations.
+ON_REQUEST = ("day",)
 # Loose: the project's defaults. Tight: an interactive chat (25 tokens/s read speed and more).
 SLO_SETS = {"loose": (2.0, 0.1), "tight": (1.0, 0.04)}
 WARM_UP_S = 300.0  # longer than the slowest pod start of the matrix, plus a control tick
@@ -85,7 +88,8 @@ class Job:
     @property
     def cost(self) -> float:
         """A rough relative run time, to start the longest simulations first."""
-        return self.condition.scale * (0.2 if self.condition.trace == "mooncake" else 1.0)
+        weight = {"mooncake": 0.2, "day": 24.0}.get(self.condition.trace, 1.0)
+        return self.condition.scale * weight
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def matrix(*, quick: bool = False) -> list[Condition]:
         for start in (30.0, 90.0, 180.0)
     ]  # fmt: skip
     conditions.append(Condition("code", 3.0, 90.0, "tight"))
-    for trace in ("conv", "mooncake"):
+    for trace in ("conv", "mooncake", *ON_REQUEST):
         conditions += [Condition(trace, 1.0, 90.0, slo) for slo in SLO_SETS]
     return conditions
 
@@ -689,10 +693,12 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--slo", default=",".join(SLO_SETS), help="the conditions of these SLO sets only"
     )
+    default_traces = ",".join(t for t in TRACES if t not in ON_REQUEST)
     parser.add_argument(
         "--trace",
-        default=",".join(TRACES),
-        help=f"the matrix's conditions on these traces only (default: {','.join(TRACES)})",
+        default=default_traces,
+        help=f"the matrix's conditions on these traces only (default: {default_traces}; also "
+        f"{', '.join(ON_REQUEST)}: the ServeGen day)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR")
     parser.add_argument(
@@ -788,7 +794,7 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    whole = (traces, slos) == (set(TRACES), set(SLO_SETS))
+    whole = (traces, slos) == (set(TRACES) - set(ON_REQUEST), set(SLO_SETS))
     parts = [] if whole else [*sorted(traces), *sorted(slos)]
     name = "-".join(["evaluation", *(["quick"] if args.quick else []), *parts])
     (args.out / f"{name}.md").write_text(markdown(ev, command))

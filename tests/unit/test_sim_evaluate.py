@@ -9,8 +9,10 @@ import pytest
 
 from wok.cli import main
 from wok_sim.evaluate import (
+    ON_REQUEST,
     SEEDS,
     STATIC,
+    TRACES,
     Condition,
     Job,
     Journal,
@@ -107,9 +109,18 @@ def test_the_matrix_covers_scales_pod_starts_slos_and_every_trace() -> None:
     assert {(c.scale, c.cold_start_s) for c in code} == {
         (s, p) for s in (2.0, 3.0, 4.0) for p in (30.0, 90.0, 180.0)
     }
-    assert {c.trace for c in conditions} == {"code", "conv", "mooncake"}
+    assert {c.trace for c in conditions} == set(TRACES)
     assert {c.slo for c in conditions} == {"loose", "tight"}
     assert len(SEEDS) >= 5
+
+
+def test_the_day_runs_only_when_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """A day is 24 hours of simulations: `wok evaluate` alone keeps to the hour-long traces."""
+    assert ON_REQUEST == ("day",)
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "(default: code,conv,mooncake; also day" in " ".join(capsys.readouterr().out.split())
+    assert {c.trace for c in matrix() if c.trace == "day"} == {"day"}
 
 
 def test_the_report_says_where_a_policy_loses() -> None:

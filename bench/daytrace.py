@@ -1,0 +1,340 @@
+"""The law over a day: wok against static-peak, the static frontier and swept HPA / KEDA on the
+ServeGen day (bench/traces/servegen_m_large.json at its default day and rate scale).
+
+The conditions are `wok evaluate`'s (`Condition("day", 1, 90 s, loose)`: TTFT 2 s, TPOT 0.1 s,
+scored from its warm-up, the planner's warm start for the autoscalers, static fleets at full size)
+and so are the frontier and static-peak (`wok_sim.evaluate`'s pure functions). A day is 24 times
+an hour-long trace's simulations, so this runs a chosen subset of `wok evaluate`'s matrix: wok on
+the seeds asked, the static fleets around the peak at the B the hour-long frontiers chose (32 and
+64), and the swept baselines' targets that came nearest wok on the hour-long traces. It also keeps
+what the summary hides: per hour, the load, the pods and the attainment of wok and static-peak.
+
+    nice -n 19 .venv/bin/python bench/daytrace.py --jobs 2       # every job not yet in the JSON
+    .venv/bin/python bench/daytrace.py --render                  # the table and plot again
+
+Writes bench/results/daytrace.{md,json,png}; each finished simulation is saved at once, so a run
+that is stopped keeps what it did and the next run goes on from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from wok_sim.evaluate import (
+    STATIC,
+    WARM_UP_S,
+    Condition,
+    Job,
+    Outcome,
+    context,
+    frontier,
+    frontier_at,
+    points,
+    static_peak,
+    variants_of,
+)
+
+CONDITION = Condition("day", 1.0, 90.0, "loose")
+# In the order they run (a stopped run keeps the first): the fleets around the planner's peak
+# (3 pods) at B64, then the nearest rivals, then the same fleets at B32.
+STATICS = ((4, 64), (3, 64), (5, 64), (2, 64), (4, 32), (3, 32), (5, 32))
+# (registry name, variant name, B): the targets nearest wok on the hour-long code trace.
+BASELINES = (
+    ("hpa-concurrency-swept", "hpa-concurrency-4", 64),
+    ("keda-waiting-swept", "keda-waiting-5", 64),
+    ("hpa-concurrency-swept", "hpa-concurrency-2", 32),
+    ("hpa-concurrency-swept", "hpa-concurrency-8", 64),
+    ("keda-waiting-swept", "keda-waiting-20", 64),
+)
+HOUR_S = 3600.0
+RESULTS = Path(__file__).resolve().parent / "results"
+OUT = RESULTS / "daytrace.json"
+GOAL_ATTAINMENT, GOAL_SHARE = 0.99, 0.70
+
+
+def jobs(seeds: list[int]) -> list[Job]:
+    """wok on the first seed, the first three static fleets, two rivals, the rest, wok's other
+    seeds."""
+    statics = [Job(CONDITION, 0, STATIC, n * 1000 + b) for n, b in STATICS]
+    rivals = [
+        Job(CONDITION, 0, registry, variants_of(registry, CONDITION, 0).index((name, batch)))
+        for registry, name, batch in BASELINES
+    ]
+    wok = [Job(CONDITION, seed, "wok", 0) for seed in seeds]
+    return [*wok[:1], *statics[:3], *rivals[:2], *statics[3:], *rivals[2:], *wok[1:]]
+
+
+def key(job: Job) -> str:
+    return f"{job.policy}/{job.variant}/{job.seed}"
+
+
+def run_job(job: Job) -> dict:
+    """One simulation: evaluate's scoring, plus per hour the arrivals, the attainment of the
+    requests that arrived in it, and the mean ready and pending pods."""
+    from wok_sim.baselines import StaticPolicy
+    from wok_sim.fleet import FleetConfig, simulate_fleet
+    from wok_sim.policies import load_registry
+    from wok_sim.report import Slos, slo_hits, summarize
+
+    ctx = context(CONDITION, job.seed, warm_start_fleet=job.policy != STATIC)
+    if job.policy == STATIC:
+        replicas, batch = divmod(job.variant, 1000)
+        policy = StaticPolicy(f"static-{replicas}", batch=batch, replicas=replicas)
+    else:
+        policy = load_registry()[job.policy].variants(ctx)[job.variant]
+    config = FleetConfig(
+        profile=ctx.profile,
+        cold_start_s=CONDITION.cold_start_s,
+        seed=job.seed,
+        score_from_s=WARM_UP_S,
+    )
+    started = time.perf_counter()
+    run = simulate_fleet(list(ctx.requests), policy, config)
+    slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s)
+    result = summarize(policy.name, run, slos)
+    hours = int(max(r.arrival_s for r in ctx.requests) // HOUR_S) + 1
+    arrived, met = [0] * hours, [0] * hours
+    for r in run.records:
+        h = int(r.arrival_s // HOUR_S)
+        arrived[h] += 1
+        met[h] += r.outcome == "ok" and all(slo_hits(slos, r.ttft_s, r.tpot_s, r.e2e_s))
+    ticks: list[list[tuple[int, int]]] = [[] for _ in range(hours)]
+    for tick in run.timeline:
+        ticks[min(int(tick.time_s // HOUR_S), hours - 1)].append((tick.ready, tick.pending))
+    return {
+        "key": key(job),
+        "policy": job.policy,
+        "variant": job.variant,
+        "seed": job.seed,
+        "name": policy.name,
+        "batch": policy.fixed_batch,
+        "attainment": round(result.slo_attainment, 6),
+        "gpu_hours": round(result.gpu_hours, 4),
+        "requests": result.requests,
+        "steps": run.steps,
+        "sim_s": round(time.perf_counter() - started, 1),
+        "hourly": [
+            {
+                "arrived": arrived[h],
+                "met": met[h],
+                "ready": round(statistics.fmean(t[0] for t in ticks[h]), 3) if ticks[h] else 0,
+                "pending": round(statistics.fmean(t[1] for t in ticks[h]), 3) if ticks[h] else 0,
+            }
+            for h in range(hours)
+        ],
+    }
+
+
+def outcome(run: dict) -> Outcome:
+    job = Job(CONDITION, run["seed"], run["policy"], run["variant"])
+    return Outcome(job, run["name"], run["batch"], run["attainment"], run["gpu_hours"], 0.0)
+
+
+def summary(runs: list[dict]) -> dict:
+    """wok's mean over its seeds against the static frontier, static-peak and the baselines."""
+    outcomes = [outcome(r) for r in runs]
+    front = frontier(points(o for o in outcomes if o.job.policy == STATIC))
+    wok = points(o for o in outcomes if o.job.policy == "wok")
+    rivals = points(o for o in outcomes if o.job.policy not in (STATIC, "wok"))
+    peak = static_peak(front)
+    out: dict = {"frontier": front, "static_peak": peak, "wok": None, "rivals": rivals}
+    if wok:
+        w = wok[0]
+        share = w.gpu_hours / peak.gpu_hours if peak else None
+        reaching = [r for r in rivals if r.attainment >= w.attainment]
+        out.update(
+            wok=w,
+            frontier_there=frontier_at(front, w.gpu_hours) if front else None,
+            share_of_peak=share,
+            goal=share is not None and w.attainment >= GOAL_ATTAINMENT and share <= GOAL_SHARE,
+            cheapest_rival=min(reaching, key=lambda r: r.gpu_hours, default=None),
+        )
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def markdown(runs: list[dict], command: str) -> str:
+    s = summary(runs)
+    w, peak = s["wok"], s["static_peak"]
+    lines = [
+        "# The law over a day: the ServeGen m-large day",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Trace: bench/traces/servegen_m_large.json at its defaults (day 6, 24 h from midnight, "
+        "rate scale 0.1; arrivals drawn from ServeGen's per-window fits with each seed), profile "
+        "`sim:llama-3-8b-80g`, 90 s pod start, TTFT 2 s and TPOT 0.1 s (`wok evaluate`'s loose "
+        f"SLOs), every policy scored from {WARM_UP_S:g} s. Static fleets and baselines: seed 0, "
+        "B and target chosen in hindsight. Simulator wall time per run in the JSON (`sim_s`).",
+        "",
+        "| policy | seeds | all SLOs % [range] | GPU-h [range] | requests | sim wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["policy"] != "wok", r["name"], r["batch"] or 0)):
+        if r["policy"] == "wok":
+            continue
+        lines.append(
+            f"| {r['name']} B{r['batch']} | {r['seed']} | {_pct(r['attainment'])} "
+            f"| {r['gpu_hours']:.2f} | {r['requests']:,} | {r['sim_s']:.0f} |"
+        )
+    if w:
+        wall = max(r["sim_s"] for r in runs if r["policy"] == "wok")
+        lo, hi = w.attainment_range
+        glo, ghi = w.gpu_hours_range
+        requests = max(r["requests"] for r in runs if r["policy"] == "wok")
+        lines.insert(
+            len(lines),
+            f"| **wok** | {w.seeds} | {_pct(w.attainment)} [{_pct(lo)}–{_pct(hi)}] "
+            f"| {w.gpu_hours:.2f} [{glo:.2f}–{ghi:.2f}] | {requests:,} | {wall:.0f} |",
+        )
+    lines += ["", "## The goal: ≥ 99 % with ≤ 70 % of static-peak's GPU-hours", ""]
+    if not w or not peak:
+        lines.append("Not judged: wok or a static fleet reaching 99 % has not run yet.")
+    else:
+        rival = s["cheapest_rival"]
+        lines += [
+            f"- static-peak (the cheapest static fleet at ≥ 99 %): {peak.name} B{peak.batch}, "
+            f"{_pct(peak.attainment)} % at {peak.gpu_hours:.2f} GPU-h.",
+            f"- wok: {_pct(w.attainment)} % at {w.gpu_hours:.2f} GPU-h, "
+            f"{100 * s['share_of_peak']:.0f} % of static-peak's; the static frontier at wok's "
+            + (
+                f"GPU-h: {_pct(s['frontier_there'])} %."
+                if any(p.gpu_hours <= w.gpu_hours for p in s["frontier"])
+                else "GPU-h: below every static fleet run."
+            ),
+            f"- Goal {'**met**' if s['goal'] else '**not met**'}.",
+            "- Cheapest baseline run at or above wok's attainment: "
+            + (
+                f"{rival.name} B{rival.batch}, {_pct(rival.attainment)} % at "
+                f"{rival.gpu_hours:.2f} GPU-h."
+                if rival
+                else "none of those run."
+            ),
+        ]
+    lines += ["", "## Hour by hour (wok seed 0, static-peak)", ""]
+    by_key = {r["key"]: r for r in runs}
+    wok0 = by_key.get("wok/0/0")
+    peak_run = next(
+        (r for r in runs if peak and (r["name"], r["batch"]) == (peak.name, peak.batch)), None
+    )
+    if wok0:
+        lines += [
+            "| hour | arrivals/s | wok ready pods | wok pending | wok all SLOs % "
+            "| static-peak all SLOs % |",
+            "|---|---|---|---|---|---|",
+        ]
+        for h, row in enumerate(wok0["hourly"]):
+            p = peak_run["hourly"][h] if peak_run else None
+            lines.append(
+                f"| {h:02d}:00 | {row['arrived'] / HOUR_S:.1f} | {row['ready']:.2f} "
+                f"| {row['pending']:.2f} | {_pct(row['met'] / max(1, row['arrived']))} "
+                f"| {_pct(p['met'] / max(1, p['arrived'])) if p else '-'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Load, pods and attainment per hour: wok (seed 0) against static-peak."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = summary(runs)
+    by_key = {r["key"]: r for r in runs}
+    wok0, peak = by_key.get("wok/0/0"), s["static_peak"]
+    if not wok0:
+        return
+    peak_run = next(
+        (r for r in runs if peak and (r["name"], r["batch"]) == (peak.name, peak.batch)), None
+    )
+    hours = list(range(len(wok0["hourly"])))
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True)
+    axes[0].bar(hours, [r["arrived"] / HOUR_S for r in wok0["hourly"]], color="tab:gray")
+    axes[0].set_ylabel("arrivals/s")
+    axes[1].step(hours, [r["ready"] for r in wok0["hourly"]], where="mid", label="wok ready")
+    axes[1].step(
+        hours,
+        [r["ready"] + r["pending"] for r in wok0["hourly"]],
+        where="mid",
+        linestyle=":",
+        label="wok ready + pending",
+    )
+    if peak_run:
+        replicas = int(peak.name.removeprefix("static-"))
+        axes[1].axhline(replicas, color="k", linestyle="--", label=f"{peak.name} (static-peak)")
+    axes[1].set_ylim(bottom=0)
+    axes[1].set_ylabel("pods (hourly mean)")
+    axes[1].legend(fontsize="small")
+    for run, label in ((wok0, "wok"), (peak_run, "static-peak")):
+        if run:
+            axes[2].plot(
+                hours,
+                [100 * r["met"] / max(1, r["arrived"]) for r in run["hourly"]],
+                marker=".",
+                label=label,
+            )
+    axes[2].axhline(99, color="tab:red", linewidth=0.8, linestyle="--")
+    axes[2].set_ylabel("all SLOs % (by arrival hour)")
+    axes[2].set_xlabel("hour of the day")
+    axes[2].legend(fontsize="small")
+    fig.suptitle("ServeGen m-large day, 90 s pod start, TTFT 2 s / TPOT 0.1 s", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(runs: list[dict], command: str, out: Path) -> None:
+    out.write_text(json.dumps({"command": command, "runs": runs}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(runs, command))
+    plot(runs, out.with_suffix(".png"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0", help="wok's seeds, comma-separated")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel simulations")
+    parser.add_argument("--only", default="", help="run the jobs whose key starts with this")
+    parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
+    parser.add_argument("--out", type=Path, default=OUT, help="the JSON (and .md, .png beside it)")
+    args = parser.parse_args()
+    out = args.out
+    stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    runs: list[dict] = stored["runs"]
+    command = "nice -n 19 .venv/bin/python bench/daytrace.py " + " ".join(sys.argv[1:])
+    if args.render:
+        write(runs, stored.get("command", command), out)
+        print(out.with_suffix(".md").read_text())
+        return 0
+    done = {r["key"] for r in runs}
+    todo = [
+        j
+        for j in jobs([int(s) for s in args.seeds.split(",")])
+        if key(j) not in done and key(j).startswith(args.only)
+    ]
+    print(f"{len(todo)} simulations to run", file=sys.stderr)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for future in as_completed([pool.submit(run_job, j) for j in todo]):
+            run = future.result()
+            runs.append(run)
+            write(runs, command, out)
+            print(
+                f"{run['key']}: {run['name']} B{run['batch']} {_pct(run['attainment'])} % at "
+                f"{run['gpu_hours']:.2f} GPU-h ({run['sim_s']:.0f} s)",
+                file=sys.stderr,
+            )
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
