@@ -271,8 +271,11 @@ def clip_to_model(
     for r in requests:
         prompt = min(max(1, r.prompt_tokens), max_model_len - 1)
         output = min(max(1, r.output_tokens), max_model_len - prompt)
-        clipped += (prompt, output) != (r.prompt_tokens, r.output_tokens)
-        out.append(dataclasses.replace(r, prompt_tokens=prompt, output_tokens=output))
+        if (prompt, output) == (r.prompt_tokens, r.output_tokens):
+            out.append(r)  # frozen: shared, not copied (a day's trace holds millions)
+        else:
+            clipped += 1
+            out.append(dataclasses.replace(r, prompt_tokens=prompt, output_tokens=output))
     return out, clipped
 
 
