@@ -10,12 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The window of the completions μ (what a saturated pod serves) is learnt from: short enough to
-#: lie wholly inside a saturation that pods arriving within a fast pod start end (the SLO window's
-#: rate of a pod saturated for part of it reads the lighter load before it too), long enough for
-#: four of the runtime pods' 5 s scrapes (`resources.py`'s PodMonitor), as `rate()` wants.
-SERVICE_RATE_WINDOW_S = 20
-
 
 @dataclass(frozen=True)
 class ServiceSignals:
@@ -39,7 +33,6 @@ class ServiceSignals:
     budget_p995_tpot_seconds: float | None = None
     mean_sequence_tokens: float | None = None
     finished_per_s: float | None = None
-    finished_recent_per_s: float | None = None  # over SERVICE_RATE_WINDOW_S
     rejected_per_s: float | None = None
     batch_requests: float | None = None  # the batch lane's waiting + running
     batch_pending_tokens: float | None = None
@@ -86,7 +79,6 @@ class Observation:
     p99_service_seconds: float | None = None  # first scheduled to last token
     reporting_replicas: int | None = None  # ready pods whose metrics came in (None: all)
     finished_per_s: float | None = None  # completions over the SLO window, all pods
-    finished_recent_per_s: float | None = None  # over SERVICE_RATE_WINDOW_S: μ's samples
     rejected_per_s: float | None = None  # 429s and queue timeouts over the SLO window
     # The P99s over the SLO's budget window (misses included where the windowed ones have them).
     budget_p99_ttft_seconds: float | None = None

@@ -54,7 +54,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from wok_contracts.signals import SERVICE_RATE_WINDOW_S, Observation
+from wok_contracts.signals import Observation
 from wok_operator.api import InferenceServiceSpec
 
 #: Rates below this (requests/s) say nothing a pod could be sized on: one request in 11 days.
@@ -303,7 +303,6 @@ class _Facts:
     breached_since: float | None  # P99 TTFT has been above its SLO at every tick since
     saturated_since: float | None  # pods have queued behind a cap that cannot rise since
     saturated: bool  # long enough that the completions are what a pod can do
-    rate_saturated: bool  # saturated for the whole of μ's window: its completions are μ's sample
     # The error budget, and the utilization it sets.
     budget_spent: bool
     budget_recovering: bool
@@ -362,13 +361,6 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
-    # μ is read from the completions over its own short window, and only once the pods were
-    # saturated for all of it: a window that began before the saturation reads the lighter load
-    # before it too, and pods that arrive within a fast pod start end the saturation sooner.
-    rate_saturated = slo_bound or (
-        saturated_since is not None
-        and now - saturated_since >= max(p.scale_up_window_s, SERVICE_RATE_WINDOW_S)
-    )
     budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
     # A TPOT breach comes from load: one more pod may fix it. If that pod, once it could show,
     # did not lower the P99, no pod will (the breach is reported, not chased).
@@ -397,7 +389,6 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         breached_since=breached_since,
         saturated_since=saturated_since,
         saturated=saturated,
-        rate_saturated=rate_saturated,
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
         utilization=p.utilization(budget_spent=budget_spent),
@@ -482,44 +473,42 @@ def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, 
     return rate is None or sample > rate or at is None or now - at >= p.budget_window_s
 
 
-def _service_rate(
-    state: LoopState, f: _Facts, obs: Observation, p: LawParams, now: float
-) -> tuple[float | None, float | None]:
-    """μ, the best requests/s a saturated pod has shown (until it is a budget window old), and
-    when it was learnt. A sample is the completions over `SERVICE_RATE_WINDOW_S` per ready pod,
-    taken only once the pods were saturated for all of that window (a mix that got slower
-    saturates pods sooner, and the TTFT rule adds pods for it)."""
-    rate, at = state.service_rate, state.service_rate_at
-    recent = obs.finished_recent_per_s
-    if f.rate_saturated and _known(recent) and recent > 0:  # type: ignore[operator]
-        sample = float(recent) / obs.ready_replicas  # type: ignore[arg-type]
-        if _fresher(rate, at, sample, p, now):
-            return sample, now
-    return rate, at
-
-
 def _demand(
-    capacity: float, obs: Observation, p: LawParams, state: LoopState, f: _Facts, *, now: float
+    capacity: float,
+    obs: Observation,
+    p: LawParams,
+    state: LoopState,
+    *,
+    utilization: float,
+    saturated: bool,
+    now: float,
 ) -> _Demand:
     """R* from two limits of a pod, whichever needs more pods:
     - slots (Little's law on the gauges): running + waiting over ρ · capacity;
     - throughput: arrivals (completions + refusals, plus a backlog drained within one SLO
       window) over ρ · μ, with μ the requests/s a pod completes when compute-saturated (a queue
-      with free batch slots), measured then and remembered (`_service_rate`).
+      with free batch slots), measured then and remembered.
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
       term sees them, and it keeps a scale-down from undoing what a burst taught."""
-    ready, reporting, utilization = obs.ready_replicas, obs.reporting, f.utilization
+    ready, reporting = obs.ready_replicas, obs.reporting
     running, queue = float(obs.running_per_replica), float(obs.queue_per_replica)  # type: ignore[arg-type]
     # A ready pod whose scrape failed is counted as full: the queue must not look short exactly
     # when a pod is overloaded.
     sequences = (running + queue) * reporting + (ready - reporting) * capacity
     by_slots = _pods(sequences / (utilization * capacity), p)
     text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {utilization:g}"
-    rate, rate_at = _service_rate(state, f, obs, p, now)
+    rate, rate_at = state.service_rate, state.service_rate_at
     finished = float(obs.finished_per_s)  # type: ignore[arg-type]
-    if finished <= 0 or rate is None or rate < MIN_RATE:
+    if finished <= 0:
         return _Demand(by_slots, text, rate, rate_at)
-    backlog = queue * reporting / p.slo_window_s if f.saturated else 0.0
+    # The windowed rate of a pod that saturated partway through the window reads low: keep the
+    # best rate a saturated pod has shown (a mix that got slower saturates pods sooner, and the
+    # TTFT rule adds pods for it) until it is a budget window old.
+    if saturated and _fresher(rate, rate_at, finished / ready, p, now):
+        rate, rate_at = finished / ready, now
+    if rate is None or rate < MIN_RATE:
+        return _Demand(by_slots, text, rate, rate_at)
+    backlog = queue * reporting / p.slo_window_s if saturated else 0.0
     arrivals = finished + float(obs.rejected_per_s) + backlog  # type: ignore[arg-type]
     by_rate = _pods(arrivals / (utilization * rate), p)
     if by_rate <= by_slots:
@@ -644,7 +633,9 @@ def _replica_rule(
     explain, down to the window's largest ask once R* < R has held the scale-down window."""
     replicas = f.replicas
     capacity = _capacity_per_replica(step.batch if f.tpot_bound else p.batch_cap, obs, p)
-    demand = _demand(capacity, obs, p, state, f, now=now)
+    demand = _demand(
+        capacity, obs, p, state, utilization=f.utilization, saturated=f.saturated, now=now
+    )
     # A pod pending past its pod start is not on its way: it is no capacity, and its place in
     # the Deployment's count is asked for again.
     desired = p.clip_replicas(demand.replicas + obs.stalled_replicas)

@@ -84,7 +84,6 @@ def observe(
         budget_p995_seconds=signals.budget_p995_seconds,
         reporting_replicas=reporting if ready else None,
         finished_per_s=signals.finished_per_s,
-        finished_recent_per_s=signals.finished_recent_per_s,
         rejected_per_s=signals.rejected_per_s,
         stalled_replicas=stalled,
     )

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from wok_contracts.signals import SERVICE_RATE_WINDOW_S, ServiceSignals
+from wok_contracts.signals import ServiceSignals
 from wok_operator.metrics import PROMQL_REQUESTS
 
 T = TypeVar("T")
@@ -202,10 +202,6 @@ def round_queries(
         )
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
-    # μ's samples: the completions over a window short enough to lie inside a saturation.
-    queries[f"finished_rate:{SERVICE_RATE_WINDOW_S}"] = (
-        f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{SERVICE_RATE_WINDOW_S}s]))"
-    )
     for window in sorted(set(budget_windows)):
         if window not in windows:
             queries |= _slo_p99s(window, recorded=recorded)
@@ -292,7 +288,6 @@ class Round:
             budget_p995_tpot_seconds=budget("p995_tpot"),
             mean_sequence_tokens=get(f"mean_tokens:{window}"),
             finished_per_s=get(f"finished_rate:{window}"),
-            finished_recent_per_s=get(f"finished_rate:{SERVICE_RATE_WINDOW_S}"),
             rejected_per_s=get(f"rejected_rate:{window}"),
             batch_requests=get("batch_requests"),
             batch_pending_tokens=get("batch_pending_tokens"),

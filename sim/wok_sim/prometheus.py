@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from wok_contracts.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
-from wok_contracts.signals import SERVICE_RATE_WINDOW_S, ServiceSignals
+from wok_contracts.signals import ServiceSignals
 from wok_operator.signals import HALF_BUDGET_QUANTILE, SLO_QUANTILE, Round, ServiceKey
 from wok_sim.replica import RequestRecord, SimReplica
 
@@ -224,7 +224,7 @@ class EmulatedPrometheus:
             )
             self._history.setdefault(replica.pod, deque()).append((now, pod.snapshot()))
         self.latest = seen
-        horizon = now - max([SERVICE_RATE_WINDOW_S, *self.windows, *self.budget_windows]) - 1.0
+        horizon = now - max(self.windows + self.budget_windows) - 1.0
         for pod_id in list(self._history):
             samples = self._history[pod_id]
             while len(samples) > 1 and samples[1][0] <= horizon:
@@ -295,9 +295,6 @@ class EmulatedPrometheus:
             put(f"finished_rate:{window}", success)
             put(f"rejected_rate:{window}", misses)
             put(f"batch_token_rate:{window}", 0.0)
-        recent = self._rates(now, SERVICE_RATE_WINDOW_S)  # μ's samples (`signals.round_queries`)
-        if recent is not None:
-            put(f"finished_rate:{SERVICE_RATE_WINDOW_S}", recent[OFFSETS["success"]])
         return Round(fetched_at=now, vectors=vectors)
 
     @staticmethod

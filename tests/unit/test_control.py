@@ -4,11 +4,9 @@ showed (docs/control-law.md)."""
 import math
 from dataclasses import replace
 
-import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from wok_contracts.signals import SERVICE_RATE_WINDOW_S
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.control import (
     Decision,
@@ -69,7 +67,6 @@ observations = st.builds(
     p99_service_seconds=maybe_metric,
     reporting_replicas=st.one_of(st.none(), st.integers(0, 20)),
     finished_per_s=rate,
-    finished_recent_per_s=rate,
     rejected_per_s=rate,
     budget_p99_ttft_seconds=latency,
     budget_p99_tpot_seconds=st.one_of(st.floats(0, 2), st.none()),
@@ -204,13 +201,11 @@ def obs(
     tpot: float | None = 0.02,
     reporting: int | None = None,
     finished: float | None = 0.0,
-    recent: float | None = None,
     rejected: float | None = 0.0,
     stalled: int = 0,
 ) -> Observation:
     """A tick's observation; every series the law needs is present unless set to None (no KV
-    usage given reads as an empty cache, no completions as none in the window, and the
-    completions over μ's short window as those over the SLO window unless `recent` says)."""
+    usage given reads as an empty cache, no completions as none in the window)."""
     return Observation(
         queue_per_replica=queue,
         kv_usage=0.0 if kv is None else kv,
@@ -221,7 +216,6 @@ def obs(
         p99_tpot_seconds=tpot,
         reporting_replicas=reporting,
         finished_per_s=finished,
-        finished_recent_per_s=finished if recent is None else recent,
         rejected_per_s=rejected,
         **({"stalled_replicas": stalled} if stalled else {}),
     )
@@ -521,7 +515,7 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
     slots alone said the cap's 200 per pod would hold it, and the fleet collapsed)."""
     params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
     state = LoopState(batch=200, replicas=2)
-    for now in (0.0, 10.0, 20.0):  # saturated for all of μ's window
+    for now in (0.0, 10.0):
         o = Observation(
             queue_per_replica=40,
             kv_usage=0.5,
@@ -529,7 +523,6 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
             pending_replicas=0,
             running_per_replica=200,  # the cap binds at B_mem
             finished_per_s=20.0,
-            finished_recent_per_s=20.0,
             rejected_per_s=0.0,
         )
         d = decide(state, o, params, now)
@@ -540,7 +533,7 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
     # Below its cap the same queue is the batch's to fix: the batch goes to its cap, and nothing
     # is learnt before the queue has lasted there.
     below = LoopState(batch=100, replicas=2)
-    for now in (0.0, 10.0, 20.0):
+    for now in (0.0, 10.0):
         o = Observation(
             queue_per_replica=40,
             kv_usage=0.2,
@@ -548,7 +541,6 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
             pending_replicas=0,
             running_per_replica=below.batch,
             finished_per_s=20.0,
-            finished_recent_per_s=20.0,
             rejected_per_s=0.0,
         )
         below = decide(below, o, params, now).state
@@ -556,8 +548,8 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
 
 
 def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
-    """Prefill-heavy traffic: the queue grows with most batch slots free. Once it has lasted μ's
-    window, the completions over it are what a pod can do, and arrivals size the fleet."""
+    """Prefill-heavy traffic: the queue grows with most batch slots free. Once it has lasted the
+    scale-up window, the completions are what a pod can do, and arrivals size the fleet."""
     params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
 
     def saturated(now: float, state: LoopState) -> Decision:
@@ -568,14 +560,13 @@ def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
             pending_replicas=0,
             running_per_replica=10,
             finished_per_s=8.0,
-            finished_recent_per_s=8.0,
             rejected_per_s=4.0,
         )
         return decide(state, o, params, now)
 
     first = saturated(0, LoopState(batch=200, replicas=2))
     assert first.state.service_rate is None  # a passing queue teaches nothing
-    later = saturated(20, first.state)
+    later = saturated(10, first.state)
     assert later.state.service_rate == 4.0  # 8 completions/s over 2 pods
     # 8 + 4 refused + 80 queued / 60 s ≈ 13.3 req/s over 0.5 · 4/pod → 7 pods
     assert later.desired_replicas == 7, later.reason
@@ -591,31 +582,6 @@ def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
     )
     held = decide(later.state, calm, params, now=500)
     assert held.desired_replicas == 6  # 12 / (0.5 · 4)
-
-
-def test_mu_is_read_over_a_window_the_pods_were_saturated_for_all_of():
-    """A fast pod start ends a burst's saturation within the SLO window: the SLO window's
-    completions then still hold the lighter load before it (5.5 req/s a pod here, where a
-    saturated pod serves 9.8) and μ read low asked 18 % more pods for the rest of an hour. μ is
-    read from the completions over `SERVICE_RATE_WINDOW_S`, once saturation has lasted it."""
-    params = default_params(scale_up_window_s=10, target_utilization=0.5)
-
-    def burst(now: float, state: LoopState) -> LoopState:
-        o = obs(40, running=10, ready=3, kv=0.1, finished=16.5, recent=29.4)
-        return decide(state, o, params, now).state
-
-    state = burst(0, LoopState(batch=200, replicas=3))
-    state = burst(10, state)
-    assert state.service_rate is None  # saturated for 10 s: μ's window still began before it
-    state = burst(SERVICE_RATE_WINDOW_S, state)
-    assert state.service_rate == pytest.approx(9.8)  # 29.4 completions/s over 3 pods
-    assert state.service_rate_at == SERVICE_RATE_WINDOW_S
-    # A window with no short-window completions (a round without them) teaches nothing.
-    missing = replace(
-        obs(40, running=10, ready=3, kv=0.1, finished=16.5), finished_recent_per_s=None
-    )
-    fresh = LoopState(batch=200, replicas=3, saturated_since=0.0)
-    assert decide(fresh, missing, params, 100).state.service_rate is None
 
 
 def test_a_ttft_breach_that_outlasts_a_window_with_requests_waiting_teaches_the_slo_rate():
@@ -635,7 +601,6 @@ def test_a_ttft_breach_that_outlasts_a_window_with_requests_waiting_teaches_the_
             p99_ttft_seconds=ttft,
             p99_tpot_seconds=0.05,
             finished_per_s=8.0,
-            finished_recent_per_s=8.0,
             rejected_per_s=0.0,
         )
 
@@ -668,7 +633,7 @@ def test_the_throughput_term_asks_arrivals_over_rho_mu_however_many_a_pod_served
 
     def learn(running: float) -> LoopState:
         state = LoopState(batch=200, replicas=2)
-        for now in (0.0, 10.0, 20.0):
+        for now in (0.0, 10.0):
             o = obs(4, running=running, ready=2, kv=0.5, finished=20.0)
             state = decide(state, o, params, now).state
         return state
@@ -843,7 +808,7 @@ def test_a_pod_pending_past_its_pod_start_stops_counting_as_capacity():
     stuck.append(PodView("never", "u9", None, False, False, created=0.0))
     state = LoopState(batch=32, replicas=3)
     for now in range(0, 10_000, 5):
-        round_ = signals(waiting=12, running=16, finished_per_s=4.0, finished_recent_per_s=4.0)
+        round_ = signals(waiting=12, running=16, finished_per_s=4.0)
         o = observe(round_, stuck, now=now, stalled_after_s=210.0)
         assert (o.pending_replicas, o.stalled_replicas) == ((1, 0) if now <= 210 else (0, 1))
         state = decide(state, replace(o, p99_ttft_seconds=8.0), params, now).state

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from wok_contracts.signals import SERVICE_RATE_WINDOW_S, Observation, PodView, ServiceSignals
+from wok_contracts.signals import Observation, PodView, ServiceSignals
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
@@ -274,15 +274,13 @@ def test_missing_metrics_set_metrics_unavailable():
 
 
 def test_one_round_is_a_constant_number_of_queries():
-    # Every signal over the SLO window, and the completions over μ's short window once.
-    assert len(round_queries([60])) == 18
-    assert len(round_queries([60, 60])) == 18
-    assert len(round_queries([60, 120])) == 26
-    assert len(round_queries([SERVICE_RATE_WINDOW_S])) == 17  # μ's window is the SLO window
+    assert len(round_queries([60])) == 17
+    assert len(round_queries([60, 60])) == 17
+    assert len(round_queries([60, 120])) == 25
     # The budget window adds its three SLO P99s (none where it is an SLO window too) and their
     # three P99.5s, half the budget.
-    assert len(round_queries([60], [3600])) == 24
-    assert len(round_queries([60], [60])) == 21
+    assert len(round_queries([60], [3600])) == 23
+    assert len(round_queries([60], [60])) == 20
     for query in round_queries([60]).values():
         assert "by (namespace, service" in query
 

@@ -8,7 +8,6 @@ import pytest
 
 from wok_contracts.metrics import TTFT_BUCKETS
 from wok_contracts.profile import load_profile
-from wok_contracts.signals import SERVICE_RATE_WINDOW_S
 from wok_contracts.traces import TraceRequest
 from wok_operator.signals import round_queries
 from wok_sim.prometheus import (
@@ -170,20 +169,6 @@ def test_a_pod_gone_mid_window_weighs_what_it_served_not_its_rate_while_it_lived
         if t >= 60:
             served.append(prom.signals(float(t), 60).finished_per_s)
     assert all(18.0 < rate < 22.0 for rate in served), served
-
-
-def test_the_round_reads_the_completions_over_mus_short_window_too():
-    # 2 req/s for a minute, then 10: 20 s into the faster rate the SLO window still averages
-    # in the slower one, μ's window (`SERVICE_RATE_WINDOW_S`) only the faster.
-    pod = _SteadyPod(0)
-    prom = EmulatedPrometheus(windows=(60,))
-    for t in range(0, 81, 5):
-        pod.finish_until(2.0 * t if t <= 60 else 120.0 + 10.0 * (t - 60))
-        prom.scrape(float(t), [pod])  # type: ignore[arg-type]
-    s = prom.signals(80.0, 60)
-    assert SERVICE_RATE_WINDOW_S == 20
-    assert s.finished_recent_per_s == pytest.approx(10.0)
-    assert s.finished_per_s is not None and s.finished_per_s < 5.0  # 4.67 + the extrapolation
 
 
 def test_a_pods_series_are_rated_each_as_prometheus_rates_one():
