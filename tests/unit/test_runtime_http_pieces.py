@@ -547,3 +547,50 @@ def test_the_kv_budget_and_the_measured_room_differ_past_ten_percent():
     # The simulated accelerator has no bytes: no KV byte gauges at all.
     body = RuntimeMetrics("sim", _stats).render()[0].decode()
     assert m.KV_CACHE_BUDGET_BYTES not in body and m.KV_CACHE_MEASURED_BYTES not in body
+
+
+# --- the engine-to-loop bridge ----------------------------------------------------------------
+
+
+def test_one_engine_step_wakes_the_event_loop_once_for_all_its_requests():
+    """8 requests' first tokens come from one step: one loop wake-up delivers all of them, each
+    to its own handler. The step runs on the loop's thread here, so no delivery can slip in
+    between two outputs and the count is exact."""
+    import asyncio
+
+    from wok_runtime.engine import EngineConfig, LLMEngine
+    from wok_runtime.model_runner import ModelRunner
+    from wok_runtime.sampling_params import SamplingParams
+
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=32 * 16 * 4096, block_size=16, max_model_len=64
+    )
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=8))
+    server = Server(engine, ServerConfig(served_model_name="m"), RuntimeMetrics("m", engine.stats))
+
+    async def one_step() -> tuple[int, list[list[int]]]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        schedule = loop.call_soon_threadsafe
+
+        def counting(*args: object) -> object:
+            nonlocal wakeups
+            wakeups += 1
+            return schedule(*args)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        tracked = [
+            server.submit([10 + i, 20, 30], params, priority=1, tenant=None) for i in range(8)
+        ]
+        assert engine.step()
+        outputs = [await asyncio.wait_for(t.queue.get(), 5) for t in tracked]
+        step_wakeups = wakeups
+        for t in tracked:
+            server.abort(t)
+        engine.step()  # the aborts free the KV blocks
+        return step_wakeups, [out.new_token_ids for out in outputs]
+
+    wakeups, new_ids = asyncio.run(one_step())
+    assert wakeups == 1
+    assert [len(ids) for ids in new_ids] == [1] * 8
