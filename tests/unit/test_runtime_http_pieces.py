@@ -3,6 +3,7 @@ incremental detokenization, request validation, and the HTTP benchmark's arithme
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -594,3 +595,32 @@ def test_one_engine_step_wakes_the_event_loop_once_for_all_its_requests():
     wakeups, new_ids = asyncio.run(one_step())
     assert wakeups == 1
     assert [len(ids) for ids in new_ids] == [1] * 8
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_streamed_chunk_from_the_template_is_the_models_json_byte_for_byte(chat: bool):
+    from wok_runtime import protocol as p
+    from wok_runtime.openai_routes import _ChunkRenderer, _sse
+
+    def make_chunk(new: str, ids: list[int] | None, reason: str | None, first: bool) -> object:
+        if chat:
+            delta = p.ChatDelta(role="assistant", content="") if first else p.ChatDelta(content=new)
+            choice = p.ChatChunkChoice(delta=delta, finish_reason=reason, token_ids=ids)
+            return p.ChatCompletionChunk(id="c-1", created=7, model='m "q"', choices=[choice])
+        choice = p.CompletionChoice(text=new, finish_reason=reason, token_ids=ids)
+        return p.CompletionResponse(id="c-1", created=7, model="m", choices=[choice])
+
+    renderer = _ChunkRenderer(make_chunk)  # type: ignore[arg-type]
+    texts = ["", "a", ' "quoted" \\ back', "\n\t\r\b\f\x00\x1f\x7f", "é€😀\u2028\ufffd"]
+    texts.append("".join(map(chr, range(0x800))))
+    for new in texts:
+        assert renderer.event(new, None, None) == _sse(make_chunk(new, None, None, False))  # type: ignore[arg-type]
+    for ids, reason in (([5, 6], None), (None, "stop"), ([7], "length")):
+        assert renderer.event("x", ids, reason) == _sse(make_chunk("x", ids, reason, False))  # type: ignore[arg-type]
+    # A model name that holds the marker cannot be templated: every chunk is built.
+    marked = _ChunkRenderer(
+        lambda new, ids, reason, first: p.CompletionResponse(
+            id="c", created=1, model=_ChunkRenderer._MARKER, choices=[p.CompletionChoice(text=new)]
+        )
+    )
+    assert json.loads(marked.event("hi", None, None)[len("data: ") :])["choices"][0]["text"] == "hi"
