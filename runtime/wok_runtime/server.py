@@ -91,25 +91,30 @@ class ServerState:
 
 
 class _Mailbox:
-    """Hands outputs from the engine thread to the event loop with one wake-up per batch.
+    """Hands outputs from the engine thread to the event loop with one wake-up per engine step.
 
     Waking the loop costs a write to its self-pipe on the engine thread and a read and a callback
     on the loop: one per request per step was 7 % of a busy engine thread's time (32 running,
-    `tiny`, bench/results/runtime_http_profile.md). The first output posted while no delivery is
-    pending schedules one; the others of the step join it, and the loop fills every request's
-    queue in the order posted.
+    `tiny`, bench/results/runtime_http_profile.md). `post` only queues an output; `flush`, which
+    the engine calls after each batch of outputs (`LLMEngine.after_outputs`), schedules one
+    delivery, and the loop fills every request's queue in the order posted.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
         self._items: list[tuple[asyncio.Queue[Any], Any]] = []
+        self._scheduled = False  # a delivery is on its way and has not taken the items yet
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         with self._lock:
             self._items.append((queue, item))
-            if len(self._items) > 1:  # a delivery is already scheduled and has not run yet
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._items or self._scheduled:
                 return
+            self._scheduled = True
         # A closed event loop means the server is gone and nobody is waiting.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._deliver)
@@ -117,6 +122,7 @@ class _Mailbox:
     def _deliver(self) -> None:
         with self._lock:
             items, self._items = self._items, []
+            self._scheduled = False
         for queue, item in items:
             queue.put_nowait(item)
 
@@ -231,6 +237,12 @@ class Server:
         self.vocab_size: int = engine.vocab_size
         self.auth_failures = AuthFailureLog()
         self._loop_mailbox: _Mailbox | None = None
+        engine.after_outputs = self._flush_outputs
+
+    def _flush_outputs(self) -> None:
+        """On the engine thread, after a batch of outputs: one loop wake-up delivers them."""
+        if self._loop_mailbox is not None:
+            self._loop_mailbox.flush()
 
     def _mailbox(self) -> _Mailbox:
         """The running loop's mailbox (one loop serves the app; tests may run several)."""
