@@ -45,30 +45,46 @@ MakeChunk = Callable[[str, list[int] | None, str | None, bool], p.BaseModel | No
 
 
 class _ChunkRenderer:
-    """A stream's SSE events. Nearly every chunk differs from the one before only in its text, so
-    the chunk model's JSON is rendered once with a marker where the text goes, and each token's
-    event fills it in with `json.dumps`, which escapes a string exactly as pydantic does. A model
-    built and dumped per token and request was 3 % of a busy event loop's time (32 streams,
-    bench/results/runtime_http_profile.md). Chunks with a finish reason or token ids, rare, are
+    """A stream's SSE events. Nearly every chunk differs from the one before only in its text and
+    token ids, so the chunk model's JSON is rendered once with markers where they go, and each
+    token's event fills them in (`json.dumps` escapes a string exactly as pydantic does). A model
+    built and dumped per token and request was 4 % of a busy event loop's time (32 streams,
+    bench/results/runtime_http_profile.md). A chunk with a finish reason, one per stream, is
     built by the model."""
 
-    _MARKER = "wok-chunk-text-marker"
+    _TEXT = "wok-chunk-text-marker"
+    _IDS = -7_777_777_777  # no token id is negative
 
     def __init__(self, make_chunk: MakeChunk) -> None:
         self._make_chunk = make_chunk
-        template = make_chunk(self._MARKER, None, None, False)
-        rendered = "" if template is None else template.model_dump_json()
-        quoted = json.dumps(self._MARKER)
-        # None when the marker is not there exactly once (a model name that holds it): no shortcut
-        self._parts = rendered.split(quoted) if rendered.count(quoted) == 1 else None
+        self._plain = self._template(None)  # [head, tail] around the text
+        self._with_ids = self._template([self._IDS])  # [head, middle, tail]
+
+    def _template(self, ids: list[int] | None) -> list[str] | None:
+        """The JSON around the markers; None where a marker is not there exactly once (a model
+        name that holds it): such chunks are built by the model."""
+        chunk = self._make_chunk(self._TEXT, ids, None, False)
+        parts = "" if chunk is None else chunk.model_dump_json()
+        head, *rest = parts.split(json.dumps(self._TEXT))
+        if len(rest) != 1:
+            return None
+        if ids is None:
+            return [head, rest[0]]
+        middle, *tail = rest[0].split(f"[{self._IDS}]")
+        return [head, middle, tail[0]] if len(tail) == 1 else None
 
     def event(self, new: str, new_ids: list[int] | None, reason: str | None) -> str:
-        if self._parts is None or new_ids is not None or reason is not None:
+        template = self._plain if new_ids is None else self._with_ids
+        if template is None or reason is not None:
             chunk = self._make_chunk(new, new_ids, reason, False)
             assert chunk is not None  # only a stream's first (role) chunk may be None
             return _sse(chunk)
-        head, tail = self._parts
-        return f"data: {head}{json.dumps(new, ensure_ascii=False)}{tail}\n\n"
+        text = json.dumps(new, ensure_ascii=False)
+        if new_ids is None:
+            head, tail = template
+            return f"data: {head}{text}{tail}\n\n"
+        head, middle, tail = template
+        return f"data: {head}{text}{middle}[{','.join(map(str, new_ids))}]{tail}\n\n"
 
 
 def add_routes(app: FastAPI, server: Server) -> None:

@@ -615,12 +615,16 @@ def test_a_streamed_chunk_from_the_template_is_the_models_json_byte_for_byte(cha
     texts.append("".join(map(chr, range(0x800))))
     for new in texts:
         assert renderer.event(new, None, None) == _sse(make_chunk(new, None, None, False))  # type: ignore[arg-type]
+    for ids in ([], [0], [5, 6], list(range(40))):
+        assert renderer.event("é", ids, None) == _sse(make_chunk("é", ids, None, False))  # type: ignore[arg-type]
     for ids, reason in (([5, 6], None), (None, "stop"), ([7], "length")):
         assert renderer.event("x", ids, reason) == _sse(make_chunk("x", ids, reason, False))  # type: ignore[arg-type]
     # A model name that holds the marker cannot be templated: every chunk is built.
     marked = _ChunkRenderer(
         lambda new, ids, reason, first: p.CompletionResponse(
-            id="c", created=1, model=_ChunkRenderer._MARKER, choices=[p.CompletionChoice(text=new)]
+            id="c", created=1, model=_ChunkRenderer._TEXT, choices=[p.CompletionChoice(text=new)]
         )
     )
-    assert json.loads(marked.event("hi", None, None)[len("data: ") :])["choices"][0]["text"] == "hi"
+    for ids in (None, [3]):
+        event = json.loads(marked.event("hi", ids, None)[len("data: ") :])
+        assert event["choices"][0]["text"] == "hi"
