@@ -236,20 +236,27 @@ class Server:
         self.state = ServerState()
         self.vocab_size: int = engine.vocab_size
         self.auth_failures = AuthFailureLog()
-        self._loop_mailbox: _Mailbox | None = None
+        # One mailbox per event loop: uvicorn runs one, tests may run several one after another.
+        self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}
+        self._mailboxes_lock = threading.Lock()
         engine.after_outputs = self._flush_outputs
 
     def _flush_outputs(self) -> None:
-        """On the engine thread, after a batch of outputs: one loop wake-up delivers them."""
-        if self._loop_mailbox is not None:
-            self._loop_mailbox.flush()
+        """On the engine thread, after a batch of outputs: one wake-up per loop delivers them."""
+        with self._mailboxes_lock:
+            mailboxes = list(self._mailboxes.values())
+        for mailbox in mailboxes:
+            mailbox.flush()
 
     def _mailbox(self) -> _Mailbox:
-        """The running loop's mailbox (one loop serves the app; tests may run several)."""
         loop = asyncio.get_running_loop()
-        if self._loop_mailbox is None or self._loop_mailbox.loop is not loop:
-            self._loop_mailbox = _Mailbox(loop)
-        return self._loop_mailbox
+        with self._mailboxes_lock:
+            mailbox = self._mailboxes.get(loop)
+            if mailbox is None:
+                live = {k: v for k, v in self._mailboxes.items() if not k.is_closed()}
+                self._mailboxes = {**live, loop: _Mailbox(loop)}
+                mailbox = self._mailboxes[loop]
+            return mailbox
 
     def require_admin(self, request: Request) -> None:
         """403 without a configured token, 401 (counted, and logged at a bounded rate) without

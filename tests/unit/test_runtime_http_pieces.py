@@ -628,3 +628,35 @@ def test_a_streamed_chunk_from_the_template_is_the_models_json_byte_for_byte(cha
     for ids in (None, [3]):
         event = json.loads(marked.event("hi", ids, None)[len("data: ") :])
         assert event["choices"][0]["text"] == "hi"
+
+
+def test_a_request_still_gets_its_tokens_after_another_event_loop_has_submitted():
+    """One mailbox per loop: a second loop's request must not strand the first loop's outputs."""
+    import asyncio
+    import threading
+
+    from wok_runtime.engine import EngineConfig, LLMEngine
+    from wok_runtime.model_runner import ModelRunner
+    from wok_runtime.sampling_params import SamplingParams
+
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=32 * 16 * 4096, block_size=16, max_model_len=64
+    )
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=8))
+    server = Server(engine, ServerConfig(served_model_name="m"), RuntimeMetrics("m", engine.stats))
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    async def submit_elsewhere() -> None:
+        server.submit([7, 8], params, priority=1, tenant=None)
+
+    async def first() -> list[int]:
+        tracked = server.submit([10, 20, 30], params, priority=1, tenant=None)
+        other = threading.Thread(target=asyncio.run, args=(submit_elsewhere(),))
+        other.start()
+        other.join()
+        assert engine.step()  # both requests' only token: both finish
+        out = await asyncio.wait_for(tracked.queue.get(), 5)
+        assert out.finished
+        return out.new_token_ids
+
+    assert len(asyncio.run(first())) == 1
