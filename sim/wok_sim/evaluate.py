@@ -45,9 +45,6 @@ ON_REQUEST = ("day",)
 SLO_SETS = {"loose": (2.0, 0.1), "tight": (1.0, 0.04)}
 WARM_UP_S = 300.0  # longer than the slowest pod start of the matrix, plus a control tick
 SEEDS = (0, 1, 2, 3, 4)  # each seed draws the overlay copies and the routing
-# The swept baselines run on each trace's own load (the shared code trace at ×3), 90 s pod start,
-# loose SLOs: one condition per trace is what the 30-minute budget allows.
-BASELINE_CONDITION = (90.0, "loose", (1.0, 3.0))
 FULL_SWEEP_BELOW = 0.90  # the frontier's fleets below this on the first seed are not run again
 SATURATED = 0.999  # nor those past the first that reaches this
 RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the first seed is out
@@ -193,17 +190,15 @@ def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str,
 def first_jobs(conditions: Sequence[Condition], policies: Sequence[str]) -> list[Job]:
     """Every policy on every condition and seed; on the first seed only, every static fleet of
     each frontier (N × B; they do not depend on the pod start) and every variant of the swept
-    baselines (target × B) on each trace's `BASELINE_CONDITION`."""
+    baselines (target × B) on every condition (they do depend on it)."""
     first = SEEDS[0]
     jobs = [Job(c, seed, p, 0) for c in conditions for seed in SEEDS for p in policies]
     frontiers: dict[tuple[str, float, str], Condition] = {}
     for condition in conditions:
         frontiers.setdefault(condition.frontier_key, condition)
-        start, slo, scales = BASELINE_CONDITION
-        if (condition.cold_start_s, condition.slo) == (start, slo) and condition.scale in scales:
-            for baseline in SWEPT_BASELINES:
-                count = len(variants_of(baseline, condition, first))
-                jobs += [Job(condition, first, baseline, i) for i in range(count)]
+        for baseline in SWEPT_BASELINES:
+            count = len(variants_of(baseline, condition, first))
+            jobs += [Job(condition, first, baseline, i) for i in range(count)]
     for condition in frontiers.values():
         ctx = context(condition, first, warm_start_fleet=False)
         jobs += [Job(condition, first, STATIC, v) for v in static_variants(ctx)]
