@@ -172,6 +172,17 @@ def test_the_report_says_where_a_policy_loses() -> None:
     assert "**no**" in text
 
 
+def test_the_baseline_table_shows_each_target_at_its_best_b_among_those_run_on_every_seed() -> None:
+    outcomes = [outcome("wok", "wok", None, 0.988, 4.5, seed=s) for s in SEEDS]
+    hpa = "hpa-concurrency-swept"
+    # B16 came near wok on the first seed and ran on them all; B32 was better on the first seed
+    # alone, which must not stand for the target (nor be marked as cut).
+    outcomes += [outcome(hpa, "hpa-concurrency-2", 16, 0.985, 10.9, seed=s) for s in SEEDS]
+    outcomes.append(outcome(hpa, "hpa-concurrency-2", 32, 1.0, 9.0, variant=1))
+    text = markdown(evaluate(outcomes, [CODE], ["wok"]), "wok evaluate")
+    assert "| hpa-concurrency-2 98.50 at 10.90 (B16) |" in text
+
+
 def test_each_missed_goal_is_said_and_a_policy_that_meets_them_has_none() -> None:
     front = [pt("static-5", 0.9854, 4.77), pt("static-6", 0.996, 5.72)]
     rivals = [pt("hpa-concurrency-2", 0.986, 4.90)]
