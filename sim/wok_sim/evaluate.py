@@ -206,13 +206,17 @@ def first_jobs(conditions: Sequence[Condition], policies: Sequence[str]) -> list
 
 
 def _best_per_name(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
-    """Each name's best variant on the first seed: highest attainment, then fewest GPU-hours."""
+    """Each name's best variant on the first seed: highest attainment, then fewest GPU-hours,
+    then the smallest B. B values often tie to the last digit (a fleet that never fills B64 runs
+    B128 the same), and the outcomes come in the order the pool finishes them: without the last
+    key, which B the other seeds run would change from one run of the matrix to the next."""
+
+    def rank(o: Outcome) -> tuple[float, float, int]:
+        return (o.attainment, -o.gpu_hours, -(o.batch or 0))
+
     best: dict[str, Outcome] = {}
     for o in outcomes:
-        if o.name not in best or (o.attainment, -o.gpu_hours) > (
-            best[o.name].attainment,
-            -best[o.name].gpu_hours,
-        ):
+        if o.name not in best or rank(o) > rank(best[o.name]):
             best[o.name] = o
     return best
 

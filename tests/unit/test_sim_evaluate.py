@@ -138,6 +138,18 @@ def test_the_other_seeds_run_the_baseline_targets_that_come_near_the_worst_polic
     assert chosen == {(near, variants[1][1])}
 
 
+def test_a_tie_between_batches_picks_the_smaller_in_whatever_order_the_pool_finishes() -> None:
+    wok = [outcome("wok", "wok", None, 0.985, 5.0, seed=s) for s in SEEDS]
+    fleets = [outcome(STATIC, "static-2", 16, 0.80, 2.0, variant=2016)]
+    fleets += [outcome(STATIC, "static-4", 16, 0.9995, 4.0, variant=4016)]
+    tied = [
+        outcome(STATIC, "static-3", batch, 0.95, 3.0, variant=3000 + batch) for batch in (64, 32)
+    ]
+    for order in (tied, tied[::-1]):
+        jobs = second_jobs([*wok, *fleets, *order], ["wok"])
+        assert sorted({j.variant for j in jobs}) == [2016, 3032, 4016]
+
+
 def test_the_matrix_covers_scales_pod_starts_slos_and_every_trace() -> None:
     conditions = matrix()
     code = [c for c in conditions if c.trace == "code" and c.slo == "loose"]
