@@ -4,9 +4,10 @@ it cannot move.
 A law change moves the law's policies only: the static fleets of each frontier and the swept
 HPA / KEDA baselines run the same simulations. `seed` writes a `wok evaluate --journal` that holds
 those runs of an earlier evaluation.json, so `wok evaluate --policy wok --journal J` simulates the
-law's jobs (and any baseline seed a moved verdict newly asks for). evaluation.json keeps
-attainment to 6 digits and GPU-h to 4, so a frontier read at exactly a static fleet's GPU-h (the
-conversation trace's single pod) can fall just below it: read that row's verdict, not its
+law's jobs (and any baseline seed a moved verdict newly asks for); `seed --with-law` keeps the
+law's runs too, for a change to the matrix's other jobs (the baselines' sweep). evaluation.json
+keeps attainment to 6 digits and GPU-h to 4, so a frontier read at exactly a static fleet's GPU-h
+(the conversation trace's single pod) can fall just below it: read that row's verdict, not its
 "frontier there". `table` sets several runs' rows of one policy side by side.
 
     python bench/law_ab.py seed bench/results/evaluation.json /tmp/j.jsonl
@@ -30,12 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CONDITION = ("trace", "scale", "cold_start_s", "slo")
 
 
-def journal_line(run: dict[str, Any], variants: dict[Any, list[Any]]) -> dict[str, Any] | None:
-    """A journal line (`evaluate.Journal`) for a static fleet or a swept baseline's run."""
-    if run["policy"].startswith("wok"):
+def journal_line(
+    run: dict[str, Any], variants: dict[Any, list[Any]], *, with_law: bool = False
+) -> dict[str, Any] | None:
+    """A journal line (`evaluate.Journal`) for a static fleet or a swept baseline's run, and for
+    the law's (one variant each) `with_law`."""
+    if run["policy"].startswith("wok") and not with_law:
         return None
     condition = Condition(*(run[f] for f in CONDITION))
-    if run["policy"] == "static":  # its variant is replicas × 1000 + batch
+    if run["policy"].startswith("wok"):
+        variant = 0
+    elif run["policy"] == "static":  # its variant is replicas × 1000 + batch
         variant = int(run["name"].split("-")[1]) * 1000 + run["batch"]
     else:
         key = (run["policy"], condition, run["seed"])
@@ -46,9 +52,10 @@ def journal_line(run: dict[str, Any], variants: dict[Any, list[Any]]) -> dict[st
     return {**{f: run[f] for f in same}, "variant": variant, "wall_s": run["sim_s"]}
 
 
-def seed(evaluation: Path, journal: Path) -> int:
+def seed(evaluation: Path, journal: Path, *, with_law: bool = False) -> int:
     variants: dict[Any, list[Any]] = {}
-    lines = [journal_line(run, variants) for run in json.loads(evaluation.read_text())["runs"]]
+    runs = json.loads(evaluation.read_text())["runs"]
+    lines = [journal_line(run, variants, with_law=with_law) for run in runs]
     kept = [json.dumps(line) for line in lines if line is not None]
     journal.write_text("".join(f"{line}\n" for line in kept))
     return len(kept)
@@ -108,13 +115,16 @@ def main() -> None:
     s = sub.add_parser("seed", help="a journal of an evaluation.json's statics and baselines")
     s.add_argument("evaluation", type=Path)
     s.add_argument("journal", type=Path)
+    s.add_argument("--with-law", action="store_true", help="the law's runs as well")
     t = sub.add_parser("table", help="NAME=evaluation.json … side by side, the first the base")
     t.add_argument("runs", nargs="+")
     t.add_argument("--policy", default="wok")
     t.add_argument("--out", help="write bench/results/<out>.json")
     args = parser.parse_args()
     if args.command == "seed":
-        print(f"{seed(args.evaluation, args.journal)} runs → {args.journal}")
+        print(
+            f"{seed(args.evaluation, args.journal, with_law=args.with_law)} runs → {args.journal}"
+        )
         return
     runs = dict((name, Path(path)) for name, path in (r.split("=", 1) for r in args.runs))
     markdown, data = table(runs, args.policy)

@@ -12,6 +12,7 @@ from wok_sim.evaluate import (
     ON_REQUEST,
     SEEDS,
     STATIC,
+    SWEPT_BASELINES,
     TRACES,
     Condition,
     Job,
@@ -19,6 +20,7 @@ from wok_sim.evaluate import (
     Outcome,
     Point,
     evaluate,
+    first_jobs,
     frontier,
     frontier_at,
     judge,
@@ -28,6 +30,7 @@ from wok_sim.evaluate import (
     plot,
     run_all,
     second_jobs,
+    variants_of,
 )
 
 CODE = Condition("code", 3.0, 90.0, "loose")
@@ -103,6 +106,50 @@ def test_the_other_seeds_run_only_where_a_verdict_can_change() -> None:
     assert {j.seed for j in jobs} == set(SEEDS[1:])
 
 
+def test_the_swept_baselines_run_every_variant_on_every_condition_s_first_seed() -> None:
+    # A baseline may win on any condition wok is judged on, not only at a 90 s start and loose
+    # SLOs: the tight SLOs, a 30 s start and a rate the trace does not have by itself each get
+    # every target × B.
+    conditions = [*matrix(quick=True), Condition("code", 4.0, 180.0, "loose")]
+    assert {(c.cold_start_s, c.slo) for c in conditions} >= {(30.0, "tight"), (180.0, "loose")}
+    jobs = first_jobs(conditions, ["wok"])
+    for condition in conditions:
+        for baseline in SWEPT_BASELINES:
+            swept = [j for j in jobs if (j.condition, j.policy) == (condition, baseline)]
+            count = len(variants_of(baseline, condition, SEEDS[0]))
+            assert count >= 10  # five or more targets, each at two or more B
+            assert sorted(j.variant for j in swept) == list(range(count))
+            assert {j.seed for j in swept} == {SEEDS[0]}
+
+
+def test_the_other_seeds_run_the_baseline_targets_that_come_near_the_worst_policy() -> None:
+    tight = Condition("mooncake", 1.0, 30.0, "tight")
+    baseline = "keda-waiting-swept"
+    variants = variants_of(baseline, tight, SEEDS[0])
+    first = [Outcome(Job(tight, s, "wok", 0), "wok", None, 0.93, 0.4, 0.0) for s in SEEDS]
+    near, far = variants[0][0], variants[-1][0]
+    for i, (name, batch) in enumerate(variants):
+        # `near` comes within a point of wok at its second B only; `far` and the others do not.
+        att = {near: 0.90 + 0.025 * (batch == variants[1][1]), far: 0.80}.get(name, 0.5)
+        first.append(Outcome(Job(tight, SEEDS[0], baseline, i), name, batch, att, 1.0, 0.0))
+    jobs = [j for j in second_jobs(first, ["wok"]) if j.policy == baseline]
+    assert {j.seed for j in jobs} == set(SEEDS[1:])
+    chosen = {variants_of(baseline, tight, j.seed)[j.variant] for j in jobs}
+    assert chosen == {(near, variants[1][1])}
+
+
+def test_a_tie_between_batches_picks_the_smaller_in_whatever_order_the_pool_finishes() -> None:
+    wok = [outcome("wok", "wok", None, 0.985, 5.0, seed=s) for s in SEEDS]
+    fleets = [outcome(STATIC, "static-2", 16, 0.80, 2.0, variant=2016)]
+    fleets += [outcome(STATIC, "static-4", 16, 0.9995, 4.0, variant=4016)]
+    tied = [
+        outcome(STATIC, "static-3", batch, 0.95, 3.0, variant=3000 + batch) for batch in (64, 32)
+    ]
+    for order in (tied, tied[::-1]):
+        jobs = second_jobs([*wok, *fleets, *order], ["wok"])
+        assert sorted({j.variant for j in jobs}) == [2016, 3032, 4016]
+
+
 def test_the_matrix_covers_scales_pod_starts_slos_and_every_trace() -> None:
     conditions = matrix()
     code = [c for c in conditions if c.trace == "code" and c.slo == "loose"]
@@ -135,6 +182,17 @@ def test_the_report_says_where_a_policy_loses() -> None:
     text = markdown(ev, "wok evaluate")
     assert "| code ×3, 90 s start, loose SLOs | wok | 98.52" in text
     assert "**no**" in text
+
+
+def test_the_baseline_table_shows_each_target_at_its_best_b_among_those_run_on_every_seed() -> None:
+    outcomes = [outcome("wok", "wok", None, 0.988, 4.5, seed=s) for s in SEEDS]
+    hpa = "hpa-concurrency-swept"
+    # B16 came near wok on the first seed and ran on them all; B32 was better on the first seed
+    # alone, which must not stand for the target (nor be marked as cut).
+    outcomes += [outcome(hpa, "hpa-concurrency-2", 16, 0.985, 10.9, seed=s) for s in SEEDS]
+    outcomes.append(outcome(hpa, "hpa-concurrency-2", 32, 1.0, 9.0, variant=1))
+    text = markdown(evaluate(outcomes, [CODE], ["wok"]), "wok evaluate")
+    assert "| hpa-concurrency-2 98.50 at 10.90 (B16) |" in text
 
 
 def test_each_missed_goal_is_said_and_a_policy_that_meets_them_has_none() -> None:
