@@ -34,6 +34,7 @@ from wok_operator.loop import (
     TickResult,
     control_tick,
     decision_status,
+    held_tick,
     memory_status,
     phase,
     pod_view,
@@ -115,12 +116,19 @@ def budget_in_force(
     plan: MemoryBudget,
     status: Any,
     signals: ServiceSignals | None = None,
+    *,
+    held_length: int | None = None,
 ) -> MemoryBudget:
     """B_mem for the lengths being served: with `lengthEstimate: observedMean`, the observed
-    mean, else (a quiet window, or a reconcile, which sees no signals) the length the loop last
-    recorded in status; clipping with the maxModelLen plan would cut the batch at every spec edit
-    (256 → 51 in examples/production.yaml)."""
-    last_length = ((status or {}).get("memory") or {}).get("sequenceLength")
+    mean, else (a quiet window, a tick without a fresh round, or a reconcile, which sees no
+    signals) the length the loop last used, `held_length`, or without one (a reconcile, a new
+    process) the length it last recorded in status; clipping with the maxModelLen plan would cut
+    the batch at every spec edit (256 → 51 in examples/production.yaml). Status is a checkpoint
+    that lags the loop by its writes (over a minute at 1,000 services): read on a held tick, it
+    gave a maxModelLen cap (221) between fresh ticks at the observed mean's (256), and the batch
+    went 256 → 221 → 256 with every stale round."""
+    recorded = ((status or {}).get("memory") or {}).get("sequenceLength")
+    last_length = recorded if held_length is None else held_length
     mean = signals.mean_sequence_tokens if signals is not None else None
     length = sequence_length(spec.memory, mean, last_length)
     if length == plan.sequence_length:
@@ -266,6 +274,8 @@ class LoopMemo:
     scaled_from: int | None = None
     admin_token: str | None = None  # read once; a pod that refuses it has it read again
     signals: HeldSignals | None = None  # the last signals a round had (`signals.carry_over`)
+    sequence_length: int | None = None  # the L of B_mem the last tick used (`budget_in_force`)
+    last_tick: TickResult | None = None  # the last tick that had a round (`loop.held_tick`)
     writer: ServiceWriter = field(default_factory=ServiceWriter)
 
 
@@ -338,17 +348,19 @@ class ServiceTick:
         status = dict(self.body.get("status") or {})
         if "batchSize" not in status:
             return  # not reconciled yet
-        signals, metrics_error = await self.observe(spec)
-        plan = budget_in_force(spec, plan, status, signals)
+        signals, metrics_error, late = await self.observe(spec)
+        plan = budget_in_force(spec, plan, status, signals, held_length=self.memo.sequence_length)
+        self.memo.sequence_length = plan.sequence_length
         params = LawParams.from_spec(spec, batch_mem=plan.max_batch_size)
-        result = control_tick(
-            spec,
-            resume_state(self.memo.state, status, spec, params),
-            signals,
-            pods,
-            batch_mem=plan.max_batch_size,
-            now=time.time(),
-        )
+        state = resume_state(self.memo.state, status, spec, params)
+        last, now = self.memo.last_tick, time.time()
+        if late and last is not None and metrics_error is not None:
+            result = held_tick(last, state, pods, params=params, now=now, why=metrics_error)
+        else:
+            result = control_tick(
+                spec, state, signals, pods, batch_mem=plan.max_batch_size, now=now
+            )
+            self.memo.last_tick = result
         export_service_metrics(self.key, spec, result)
         ensure_leading(self.wok)
         self.record(status, plan, result, metrics_error)
@@ -356,10 +368,12 @@ class ServiceTick:
         self.act(result.decision, pods, deployed=deployed, external=external)
         self.memo.state = result.decision.state  # the tick is done: the next one starts here
 
-    async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None]:
+    async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None, bool]:
+        """The service's signals, or why there are none, and whether the round is only late
+        (`signals.only_late`)."""
         url = spec.metrics.prometheus_url or self.wok.config.prometheus_url
         if not url:
-            return ServiceSignals(), "no Prometheus URL configured"
+            return ServiceSignals(), "no Prometheus URL configured", False
         window, budget_window = spec.slo.window_seconds, spec.slo.budget_window_seconds
         rnd = await self.wok.hub.get(
             url,
@@ -370,12 +384,12 @@ class ServiceTick:
         )
         if rnd.error is not None:
             metrics.TICKS_WITHOUT_SIGNALS.inc()
-            return ServiceSignals(), rnd.error
+            return ServiceSignals(), rnd.error, rnd.late
         fresh = rnd.signals(self.key, window, budget_window)
         signals, self.memo.signals = carry_over(
             fresh, rnd.fetched_at, self.memo.signals, max_age_s=spec.scaling.interval_seconds
         )
-        return signals, None
+        return signals, None, False
 
     def record(
         self,

@@ -135,6 +135,35 @@ def control_tick(
     return TickResult(params, obs, decision, backlog, signals)
 
 
+def held_tick(
+    last: TickResult,
+    state: LoopState,
+    pods: list[PodView],
+    *,
+    params: LawParams,
+    now: float,
+    why: str,
+) -> TickResult:
+    """A tick without a fresh round, only a late one (`signals.only_late`): the knobs hold, and
+    so does all the last tick read from its round (its verdicts on the SLOs, the error budget and
+    memory, the batch lane's backlog, the KV budget), so neither the pods nor status hear of a
+    round that is merely late. The pods are this tick's own: a pod that became ready is news.
+    The law does not run: it would step again on a round it has already acted on."""
+    signals = last.signals or ServiceSignals()
+    obs = observe(signals, pods, now=now, stalled_after_s=params.stalled_after_s)
+    batch, replicas = params.clip_batch(state.batch), params.clip_replicas(state.replicas)
+    decision = replace(
+        last.decision,
+        batch_before=state.batch,
+        batch=batch,
+        replicas_before=state.replicas,
+        replicas=replicas,
+        state=replace(state, batch=batch, replicas=replicas),
+        reason=f"holding: {why}",
+    )
+    return replace(last, params=params, observation=obs, decision=decision)
+
+
 def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:
     return LoopState(
         batch=params.clip_batch(spec.batching.initial_batch_size), replicas=params.replicas_floor
@@ -183,7 +212,8 @@ def status_digest(patch: dict[str, Any]) -> tuple[Any, ...]:
     """What a change of must reach status at once: the knobs, the ready count, the memory plan,
     each condition's status and reason, and whether the batch lane has a backlog and an estimate.
     Not the figures that move every tick (the decision's inputs, condition messages, the batch
-    lane's estimate): the heartbeat carries those."""
+    lane's estimate and the replicas its deadline needs): the heartbeat carries those, and a
+    need that moves the replicas is a decision, written at once."""
     conditions = sorted(
         (c["type"], c["status"], c["reason"], c.get("observedGeneration"))
         for c in patch.get("conditions") or []
@@ -192,11 +222,7 @@ def status_digest(patch: dict[str, Any]) -> tuple[Any, ...]:
     knobs = (patch.get("batchSize"), patch.get("replicas"), patch.get("readyReplicas"))
     lane = patch.get("batchLane") or {}
     # A backlog that appears or drains, or its first estimate; not the estimate as it moves.
-    backlog = (
-        bool(lane.get("requests")),
-        lane.get("estimatedSeconds") is not None,
-        lane.get("neededReplicas"),
-    )
+    backlog = (bool(lane.get("requests")), lane.get("estimatedSeconds") is not None)
     return (*knobs, backlog, tuple(memory), tuple(conditions))
 
 

@@ -18,6 +18,18 @@ from wok_operator.handlers import OperatorConfig, Shared
 KUBE_CONNECTIONS = 32
 
 
+#: A pod's admin call: connect, send and answer within this.
+POD_CALL_TIMEOUT_S = 3.0
+
+
+def pods_client(timeout_s: float = POD_CALL_TIMEOUT_S) -> httpx.AsyncClient:
+    """The client of the pods' admin calls. A push waits for one of its connections (httpx's
+    100) as long as it takes: it runs in its service's writer, off the tick. With the pool wait
+    inside the call's timeout, 1,000 services pushing their first batch failed with PoolTimeout
+    and pushed again at every tick: 6,761 misses in one run, 53 pushes/s, 0.7 operator cores."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, pool=None))
+
+
 def load_kube_config() -> client.ApiClient:
     try:
         config.load_incluster_config()
@@ -54,7 +66,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.wok = Shared(
         kube=Kube.from_api_client(load_kube_config()),
         config=operator_config,
-        http=httpx.AsyncClient(timeout=httpx.Timeout(3.0)),
+        http=pods_client(),
         leadership=memo.get("leadership"),
     )
 

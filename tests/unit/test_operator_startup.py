@@ -1,13 +1,17 @@
 """Kopf posts only warnings (and the law's decisions) as Events; INFO stays in the log. The
 operator's Kubernetes client keeps a connection for every thread that may call the apiserver at
 once (Kopf's reconcile workers and the writers' threads): with the client's default
-of 10, every call past the tenth opened, and then dropped, a TLS connection of its own."""
+of 10, every call past the tenth opened, and then dropped, a TLS connection of its own. The pods'
+client lets a push wait for a connection instead of failing it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import kopf
@@ -19,7 +23,9 @@ from kopf._core.engines.posting import K8sPoster
 from kubernetes import client
 from kubernetes.config import kube_config
 
-from wok_operator.startup import KUBE_CONNECTIONS, configure_kopf, load_kube_config
+from wok_operator.actuate import push_batch_size
+from wok_operator.resources import RUNTIME_PORT
+from wok_operator.startup import KUBE_CONNECTIONS, configure_kopf, load_kube_config, pods_client
 
 
 def test_the_kubernetes_client_keeps_a_connection_per_thread(
@@ -85,3 +91,39 @@ async def test_only_warnings_and_decisions_become_events_and_info_stays_in_the_l
         settings, lambda: kopf.event(body, type="Normal", reason="BatchChanged", message="m")
     )
     assert posted == ["BatchChanged"]
+
+
+class SlowAdmin(BaseHTTPRequestHandler):
+    """A pod's admin endpoint that answers a batch PUT after 0.6 s."""
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(0.6)
+        body = b'{"max_batch_size": 8}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class Backlogged(ThreadingHTTPServer):
+    request_queue_size = 1024  # every push connects at once
+
+
+async def test_pushes_past_the_clients_connections_wait_for_one_instead_of_failing():
+    # 1,000 services pushed their first batch at once through 100 connections: a push that waited
+    # longer than the call's timeout for one failed (PoolTimeout) and was pushed again every tick.
+    pod = Backlogged(("127.0.0.215", RUNTIME_PORT), SlowAdmin)
+    threading.Thread(target=pod.serve_forever, daemon=True).start()
+    try:
+        async with pods_client(timeout_s=2.0) as http:
+            pushes = [push_batch_size(http, ["127.0.0.215"], "t0ken", 8) for _ in range(500)]
+            results = await asyncio.gather(*pushes)
+    finally:
+        pod.shutdown()
+        pod.server_close()
+    assert [r["127.0.0.215"] for r in results] == [8] * 500, {str(r) for r in results}

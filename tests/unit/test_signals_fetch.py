@@ -23,10 +23,12 @@ from wok_operator.signals import (
     QUERY_POOL,
     RECORDED_CHECK_S,
     STALE_INTERVALS,
+    UNAVAILABLE_INTERVALS,
     Round,
     SignalsHub,
     carry_over,
     fetch_round,
+    only_late,
     round_queries,
     stale_reason,
 )
@@ -173,6 +175,7 @@ async def test_a_tick_never_waits_on_a_round(counting_prometheus):
     await asyncio.sleep(STALE_INTERVALS * 0.2 - (time.monotonic() - good.fetched_at) + 0.05)
     stale = await asyncio.wait_for(hub.get(url, key, window=60, max_age_s=0.2), 0.1)
     assert stale.error is not None and stale.error.startswith("stale: "), stale.error
+    assert stale.late  # a round answered 3 intervals ago: late, not unavailable
     server.gate.set()
     await _wait_for(lambda: hub.answered[url] is not good, "next round")
     assert hub.answered[url].fetched_at > good.fetched_at
@@ -187,6 +190,15 @@ def test_a_failed_round_does_not_replace_a_fresh_one():
     assert late is not None and late.startswith("stale: ")
     assert late.endswith("the last round failed: Timeout: read timed out")
     assert "the 120 s window" in (stale_reason(good, None, 101.0, max_age_s=5.0, window=120) or "")
+
+
+def test_a_round_is_only_late_until_none_has_answered_for_twelve_intervals():
+    good = Round(fetched_at=100.0, vectors={"p99:60": {}})
+    assert only_late(good, 116.0, max_age_s=5.0, window=60)
+    assert only_late(good, 100.0 + UNAVAILABLE_INTERVALS * 5.0, max_age_s=5.0, window=60)
+    assert not only_late(good, 100.1 + UNAVAILABLE_INTERVALS * 5.0, max_age_s=5.0, window=60)
+    assert not only_late(None, 101.0, max_age_s=5.0, window=60)  # none has answered yet
+    assert not only_late(good, 101.0, max_age_s=5.0, window=120)  # none read this window
 
 
 async def test_a_new_window_is_read_by_the_next_round_and_idle_rounds_stop(

@@ -4,11 +4,16 @@ the operator holds none (a new process, which is also a new leader)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+import time
 from collections import Counter
 from dataclasses import replace
 from types import SimpleNamespace
 
+import kopf
+from kopf._core.engines.posting import event_queue_loop_var, event_queue_var, settings_var
 from prometheus_client import REGISTRY
 
 from wok_contracts.signals import PodView, ServiceSignals
@@ -28,6 +33,7 @@ from wok_operator.loop import (
     status_write_cause,
     with_kv_budget,
 )
+from wok_operator.signals import UNAVAILABLE_INTERVALS, Round, SignalsHub, round_queries
 
 SPEC = InferenceServiceSpec.model_validate(
     {
@@ -207,3 +213,110 @@ def test_each_status_write_names_its_cause():
     assert cause({**patch, "conditions": [ready]}) == "condition:Ready"
     assert cause(patch) is None
     assert cause(patch, since=STATUS_HEARTBEAT_S) == "heartbeat"
+
+
+def test_the_replicas_a_deadline_needs_reach_status_with_the_decision_or_the_heartbeat():
+    # The need moves with the estimate; when it moves the replicas the decision writes at once.
+    def lane(needed: int | None) -> dict:
+        backlog = {"requests": 40, "estimatedSeconds": 90.0, "neededReplicas": needed}
+        return {"batchSize": 8, "replicas": 2, "readyReplicas": 2, "batchLane": backlog}
+
+    assert status_digest(lane(2)) == status_digest(lane(3))
+    assert status_digest(lane(2)) != status_digest({**lane(2), "batchLane": {"requests": 0}})
+
+
+# The operator_scale bench's services (bench/autoscale_manifests.py): an 8B model on 80 GiB,
+# whose memory cap is 256 at the observed mean length and 221 at maxModelLen.
+BENCH_SPEC = InferenceServiceSpec.model_validate(
+    {
+        "model": {"source": "sim:llama-3-8b-80g", "preset": "llama-3-8b", "dtype": "bfloat16"},
+        "runtime": {"gpuMemory": "80Gi"},
+        "memory": {"maxModelLen": 2048},
+        "scaling": {"minReplicas": 1, "maxReplicas": 4, "intervalSeconds": 5},
+        "slo": {"ttftP99Seconds": 2.0, "tpotP99Seconds": 0.2},
+    }
+)
+MEAN_LENGTH = 700
+
+
+def test_a_tick_without_the_mean_length_keeps_the_length_the_loop_used_not_an_older_status():
+    plan = plan_for_spec(BENCH_SPEC)
+    lagging = {"memory": {"sequenceLength": 2048}}  # the reconcile's, the loop's write not landed
+    observed = ServiceSignals(mean_sequence_tokens=float(MEAN_LENGTH))
+    fresh = handlers.budget_in_force(BENCH_SPEC, plan, lagging, observed)
+    assert fresh.sequence_length == MEAN_LENGTH
+    held = handlers.budget_in_force(
+        BENCH_SPEC, plan, lagging, ServiceSignals(), held_length=fresh.sequence_length
+    )
+    assert held == fresh
+    # A new process holds nothing yet: the checkpoint's length.
+    assert handlers.budget_in_force(BENCH_SPEC, plan, lagging).sequence_length == 2048
+
+
+def bench_round(fetched_at: float) -> Round:
+    """A round with every signal of a bench service (batch lane empty) and its KV measured."""
+    values = {
+        "waiting": 0.0,
+        "running": 20.0,
+        "kv_usage": 0.3,
+        "reporting": 1.0,
+        "mean_tokens:60": float(MEAN_LENGTH),
+        "finished_rate:60": 5.0,
+        "kv_budget_bytes": 40e9,
+        "kv_measured_ratio_min": 1.025,
+        "kv_measured_ratio_max": 1.025,
+    }
+    queries = round_queries({60}, {3600})
+    key = ("bench", "svc")
+    vectors = {name: {key: values.get(name, 0.05 if "p99" in name else 0.0)} for name in queries}
+    return Round(fetched_at=fetched_at, vectors=vectors)
+
+
+class Kube:
+    """The writes a tick hands its writer (the writer is not started: they wait in `pending`)."""
+
+    def patch_status(self, *_: object) -> None: ...
+    def set_batch_size(self, *_: object) -> None: ...
+    def scale(self, *_: object) -> None: ...
+
+
+async def test_a_late_round_changes_neither_the_knobs_nor_status_and_an_outage_does():
+    # At 1,000 services most ticks came between two rounds more than 3 intervals apart: each such
+    # tick held on no data, flipped MetricsUnavailable, the batch lane's estimate, KVBudgetMatched
+    # and the memory cap (so the batch, 256 → 221 → 256), and wrote status 3.4 times per service
+    # per minute.
+    settings_var.set(kopf.OperatorSettings())  # Kopf's event queue, as the operator has it
+    events: asyncio.Queue = asyncio.Queue()
+    event_queue_var.set(events)
+    event_queue_loop_var.set(asyncio.get_running_loop())
+    hub = SignalsHub()
+    url = "http://127.0.0.1:9"  # nothing answers: the hub's own rounds fail, as when overloaded
+    wok = handlers.Shared(kube=Kube(), config=handlers.OperatorConfig(url), hub=hub)  # type: ignore[arg-type]
+    memo = handlers.LoopMemo()
+    plan = plan_for_spec(BENCH_SPEC)
+    body = {
+        "metadata": {"generation": 1},
+        "spec": BENCH_SPEC.model_dump(by_alias=True),
+        "status": {"batchSize": 256, "replicas": 1, "memory": memory_status(plan)},
+    }
+    tick = handlers.ServiceTick(wok, memo, "svc", "bench", body, logging.getLogger("test"))  # type: ignore[arg-type]
+    pods = [PodView("p1", "uid1", "10.0.0.1", ready=True, terminating=False)]
+
+    async def run(age_s: float) -> set[str]:
+        hub.answered[url] = bench_round(time.monotonic() - age_s)
+        memo.writer.pending.clear()
+        await tick.run(pods, deployed=1)
+        return set(memo.writer.pending)
+
+    try:
+        assert await run(age_s=0.0) == {"status"}  # the first checkpoint
+        assert memo.state is not None and memo.state.batch == 256
+        for age_s in (20.0, 40.0, 0.0, 30.0, 1.0):  # late, late, fresh, late, fresh
+            assert await run(age_s) == set(), age_s
+            assert memo.state.batch == 256
+        assert events.empty()
+        # No round for 12 intervals: Prometheus is gone, and the SRE hears of it at once.
+        assert await run(age_s=UNAVAILABLE_INTERVALS * 5.0 + 1.0) == {"status"}
+        assert memo.state.batch == 256
+    finally:
+        await hub.close()
