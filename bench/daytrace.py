@@ -73,8 +73,9 @@ def static_jobs(seeds: list[int]) -> list[Job]:
 
 
 def jobs(seeds: list[int]) -> list[Job]:
-    """wok on the first seed, the first three static fleets, two rivals, the rest, wok's other
-    seeds, then the static fleets near wok on those seeds."""
+    """wok on the first seed, the first three static fleets, two rivals, the other static
+    fleets; then seed by seed wok and the static fleets near it (a stopped run leaves whole seeds
+    to compare); last the other rivals."""
     statics = static_jobs(seeds)
     first = statics[: len(STATICS)]
     rivals = [
@@ -87,15 +88,12 @@ def jobs(seeds: list[int]) -> list[Job]:
         for registry, name, b in BASELINES
     ]
     wok = [Job(CONDITION, seed, "wok", 0) for seed in seeds]
-    return [
-        *wok[:1],
-        *first[:3],
-        *rivals[:2],
-        *first[3:],
-        *rivals[2:],
-        *wok[1:],
-        *statics[len(STATICS) :],
+    later = [
+        job
+        for seed, w in zip(seeds[1:], wok[1:], strict=True)
+        for job in (w, *(j for j in statics if j.seed == seed))
     ]
+    return [*wok[:1], *first[:3], *rivals[:2], *first[3:], *later, *rivals[2:]]
 
 
 def key(job: Job) -> str:

@@ -68,3 +68,16 @@ def test_static_peak_and_the_frontier_are_means_over_wok_seeds(daytrace):
     table = daytrace.markdown(runs, "cmd")
     assert "| **wok** | 2 | 99.70 [99.50–99.90] | 62.00 [60.00–64.00]" in table
     assert "| static-3 B64 (static-peak) | 2 | 99.60 [99.30–99.90]" in table
+
+
+def test_later_seeds_run_whole_before_the_remaining_rivals(daytrace, monkeypatch):
+    names = [(name, batch) for _, name, batch in daytrace.BASELINES]
+    monkeypatch.setattr(daytrace, "variants_of", lambda *_: names)
+    order = [(j.policy, j.seed) for j in daytrace.jobs([0, 1, 2])]
+    seeded = len(daytrace.SEEDED_STATICS)
+    for seed in (1, 2):
+        start = order.index(("wok", seed))
+        assert order[start + 1 : start + 1 + seeded] == [("static", seed)] * seeded
+    last_rival = max(i for i, (p, _) in enumerate(order) if p not in ("wok", "static"))
+    assert order.index(("wok", 1)) < last_rival
+    assert all(p not in ("wok", "static") for p, _ in order[-3:])
