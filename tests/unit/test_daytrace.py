@@ -1,0 +1,83 @@
+"""bench/daytrace.py: the static fleets near wok run on wok's seeds, and the frontier and
+static-peak it reports are means over those seeds only."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "daytrace.py"
+
+
+@pytest.fixture(scope="module")
+def daytrace() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("daytrace", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(policy: str, seed: int, name: str, batch: int | None, att: float, gpu_h: float) -> dict:
+    replicas = int(name.removeprefix("static-")) if policy == "static" else 0
+    return {
+        "key": f"{policy}/{seed}",
+        "policy": policy,
+        "variant": replicas * 1000 + (batch or 0),
+        "seed": seed,
+        "name": name,
+        "batch": batch,
+        "attainment": att,
+        "gpu_hours": gpu_h,
+        "requests": 10,
+        "sim_s": 1.0,
+        "hourly": [],
+    }
+
+
+def test_the_fleets_near_wok_run_on_every_seed_and_the_others_on_the_first(daytrace):
+    jobs = daytrace.static_jobs([0, 1, 2])
+    by_seed = {
+        seed: {divmod(j.variant, 1000) for j in jobs if j.seed == seed} for seed in (0, 1, 2)
+    }
+    assert by_seed[0] == set(daytrace.STATICS)
+    assert by_seed[1] == by_seed[2] == set(daytrace.SEEDED_STATICS)
+    assert {(2, 64), (3, 64)} <= set(daytrace.SEEDED_STATICS)
+    assert [j.seed for j in jobs] == sorted(j.seed for j in jobs)  # whole seeds first
+
+
+def test_static_peak_and_the_frontier_are_means_over_wok_seeds(daytrace):
+    runs = [
+        run("wok", 0, "wok", None, 0.999, 60.0),
+        run("wok", 1, "wok", None, 0.995, 64.0),
+        run("static", 0, "static-3", 64, 0.999, 72.0),
+        run("static", 1, "static-3", 64, 0.993, 72.0),
+        run("static", 2, "static-3", 64, 0.5, 72.0),  # a seed wok did not run
+        run("static", 0, "static-2", 64, 0.93, 48.0),
+        run("static", 1, "static-2", 64, 0.91, 48.0),
+    ]
+    s = daytrace.summary(runs)
+    assert s["wok"].seeds == 2 and s["wok"].gpu_hours == pytest.approx(62.0)
+    assert s["static_peak"].name == "static-3" and s["static_peak"].seeds == 2
+    assert s["static_peak"].attainment == pytest.approx(0.996)
+    # Halfway from static-2 (mean 92 %) to static-3 (mean 99.6 %) in GPU-hours.
+    assert s["frontier_there"] == pytest.approx(0.92 + (62 - 48) / (72 - 48) * (0.996 - 0.92))
+    table = daytrace.markdown(runs, "cmd")
+    assert "| **wok** | 2 | 99.70 [99.50–99.90] | 62.00 [60.00–64.00]" in table
+    assert "| static-3 B64 (static-peak) | 2 | 99.60 [99.30–99.90]" in table
+
+
+def test_later_seeds_run_whole_before_the_remaining_rivals(daytrace, monkeypatch):
+    names = [(name, batch) for _, name, batch in daytrace.BASELINES]
+    monkeypatch.setattr(daytrace, "variants_of", lambda *_: names)
+    order = [(j.policy, j.seed) for j in daytrace.jobs([0, 1, 2])]
+    seeded = len(daytrace.SEEDED_STATICS)
+    for seed in (1, 2):
+        start = order.index(("wok", seed))
+        assert order[start + 1 : start + 1 + seeded] == [("static", seed)] * seeded
+    last_rival = max(i for i, (p, _) in enumerate(order) if p not in ("wok", "static"))
+    assert order.index(("wok", 1)) < last_rival
+    assert all(p not in ("wok", "static") for p, _ in order[-3:])
