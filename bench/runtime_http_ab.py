@@ -30,15 +30,12 @@ from runtime_vs_vllm import (
     ROOT,
     Load,
     Server,
+    alternating_medians,
     loads,
-    log,
-    median_report,
     ratio,
-    run_load,
     wok_server,
 )
 
-from wok_runtime.bench_http import RequestSpec
 from wok_runtime.builtin import ensure_builtin
 
 
@@ -63,22 +60,8 @@ def side(
 
 def run_side_by_side(servers: list[Server], chosen: list[Load], reps: int) -> list[dict[str, Any]]:
     rows = []
-    for server in servers:
-        server.start(timeout_s=900)
-    for server in servers:  # warm-up: first requests pay one-off costs on both sides
-        run_load(server, Load("warm-up", [RequestSpec(0.0, 64, 16)] * 8, 8), 300, seed=99)
-    for load in chosen:
-        reports: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
-        for rep in range(reps):
-            for server in servers if rep % 2 == 0 else servers[::-1]:
-                report = run_load(server, load, duration_s=600, seed=rep)
-                reports[server.name].append(report)
-                log(
-                    f"{load.name} rep {rep} {server.name}: "
-                    f"{report['output_tokens_per_s']:.0f} tok/s, TPOT P50 "
-                    f"{(report['tpot_p50_s'] or 0) * 1e3:.1f} ms"
-                )
-        a, b = (median_report(reports[s.name]) for s in servers)
+    for load, medians in alternating_medians(servers, chosen, reps):
+        a, b = (medians[s.name] for s in servers)
         rows.append(
             {
                 "load": load.name,

@@ -252,6 +252,32 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def alternating_medians(
+    servers: list[Server], chosen: list[Load], reps: int, *, tag: str = ""
+) -> list[tuple[Load, dict[str, dict[str, Any]]]]:
+    """Start the servers, warm each up, then run every load `reps` times on each, alternating
+    which goes first (the machine drifts), and give each load's median report by server name."""
+    for server in servers:
+        server.start(timeout_s=900)
+    for server in servers:  # warm-up: first requests pay one-off costs on both sides
+        run_load(server, Load("warm-up", [RequestSpec(0.0, 64, 16)] * 8, 8), 300, seed=99)
+    results = []
+    for load in chosen:
+        reports: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
+        for rep in range(reps):
+            for server in servers if rep % 2 == 0 else servers[::-1]:
+                report = run_load(server, load, duration_s=600, seed=rep)
+                reports[server.name].append(report)
+                log(
+                    f"{tag} {load.name} rep {rep} {server.name}: "
+                    f"{report['output_tokens_per_s']:.0f} tok/s, TPOT P50 "
+                    f"{(report['tpot_p50_s'] or 0) * 1e3:.1f} ms, P99 "
+                    f"{(report['tpot_p99_s'] or 0) * 1e3:.1f} ms"
+                )
+        results.append((load, {name: median_report(r) for name, r in reports.items()}))
+    return results
+
+
 def bench_model(
     name: str, *, vllm_python: Path, reps: int, scale: float, wok_args: list[str], logs: Path
 ) -> dict[str, Any]:
@@ -259,22 +285,8 @@ def bench_model(
     servers = [wok_server(model_dir, logs, wok_args), vllm_server(vllm_python, model_dir, logs)]
     rows = []
     try:
-        for server in servers:
-            server.start(timeout_s=900)
-        for server in servers:  # warm-up: first requests pay one-off costs on both sides
-            run_load(server, Load("warm-up", [RequestSpec(0.0, 64, 16)] * 8, 8), 300, seed=99)
-        for load in loads(scale):
-            reports: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
-            for rep in range(reps):
-                for server in servers if rep % 2 == 0 else servers[::-1]:
-                    report = run_load(server, load, duration_s=600, seed=rep)
-                    reports[server.name].append(report)
-                    log(
-                        f"{name} {load.name} rep {rep} {server.name}: "
-                        f"{report['output_tokens_per_s']:.0f} tok/s, TPOT P99 "
-                        f"{(report['tpot_p99_s'] or 0) * 1e3:.1f} ms"
-                    )
-            wok, vllm = median_report(reports["wok"]), median_report(reports["vllm"])
+        for load, medians in alternating_medians(servers, loads(scale), reps, tag=name):
+            wok, vllm = medians["wok"], medians["vllm"]
             rows.append(
                 {
                     "load": load.name,
