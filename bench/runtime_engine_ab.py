@@ -8,9 +8,12 @@ the closed loops' (128 prompt and 64 output tokens per request, every request at
 `--batch` running), so steps mix prefill chunks and decode batches as a server's do.
 
 Variants:
-  bf16 GEMM        every linear on its bf16 weights (oneDNN)
+  bf16 GEMM        every linear on its plain bf16 weights (F.linear, oneDNN)
+  prepacked        every linear on its weights prepacked for oneDNN (what `from_source` sets up
+                   for bfloat16 on a CPU with AMX; `Linear.pack`) — on CPUs with AMX
   fp32 GEMM ≥ N    linears of N rows or more on fp32 copies of the weights (what `from_source`
-                   sets up for bfloat16 on a CPU without AMX; N = model.FP32_GEMM_MIN_ROWS)
+                   sets up for bfloat16 on a CPU without AMX; N = model.FP32_GEMM_MIN_ROWS) —
+                   on CPUs without AMX
   …, compiled      and each block's halves around attention compiled (`compile_blocks`,
                    inductor), warmed up before the timed runs
 
@@ -35,7 +38,8 @@ from cpu_kernels import write_report
 
 from wok_runtime.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
 from wok_runtime.engine import EngineConfig
-from wok_runtime.model import FP32_GEMM_MIN_ROWS, Linear
+from wok_runtime.loader import load_model, resolve_source
+from wok_runtime.model import FP32_GEMM_MIN_ROWS
 from wok_runtime.model_runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,13 +47,25 @@ METRICS = ("output_tokens_per_s", "tpot_p50_s", "ttft_p50_s")
 
 
 def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
-    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    linears = runner.model.linears()
+    # `from_source` prepared the linears for this CPU; the plain weights come back from the
+    # checkpoint so that every variant runs on the same runner.
+    path = resolve_source(runner.source)
+    plain = load_model(path, dtype=torch.bfloat16, device=torch.device("cpu"))
+    for mine, theirs in zip(linears, plain.linears(), strict=True):
+        mine.weight = theirs.weight
+    packed = [m.packed for m in linears]
 
     def bf16() -> None:
         for m in linears:
-            m.weight32 = m.bias32 = None
+            m.packed = m.weight32 = m.bias32 = None
+
+    def prepacked() -> None:
+        for m, p in zip(linears, packed, strict=True):
+            m.packed = p
 
     def fp32() -> None:
+        bf16()
         for m in linears:
             m.keep_fp32_copy()
 
@@ -64,6 +80,13 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
             for block, methods in zip(runner.model.layers, wrappers, strict=True):
                 vars(block).update(methods)
 
+    if torch.cpu._is_amx_tile_supported():
+        return {
+            "bf16 GEMM": lambda: (compiled(False), bf16()),
+            "bf16 GEMM, compiled": lambda: (compiled(True), bf16()),
+            "prepacked": lambda: (compiled(False), prepacked()),
+            "prepacked, compiled": lambda: (compiled(True), prepacked()),
+        }
     return {
         "bf16 GEMM": lambda: (compiled(False), bf16()),
         f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": lambda: (compiled(False), fp32()),

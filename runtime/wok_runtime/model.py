@@ -43,17 +43,48 @@ class AttentionBackend(Protocol):
 #: compute-bound; below this, reading half the bytes wins (bench/results/cpu_kernels.md).
 FP32_GEMM_MIN_ROWS = 32
 
+#: The rows a prepacked weight's blocked layout is chosen for (oneDNN's hint; vLLM's CPU backend
+#: packs for 32 too): the decode batches where a step's time goes.
+PACKED_GEMM_ROWS = 32
+
+
+@torch.library.custom_op("wok::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T + bias on a weight prepacked by `Linear.pack`. An op of its own so that
+    torch.compile calls it as it is: inductor lowers the oneDNN op only for frozen weights."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0])
+
 
 class Linear(nn.Module):
     """A linear layer whose weight is left uninitialised: every weight is loaded from a
-    checkpoint, and drawing a random init for 135M parameters costs seconds at start-up."""
+    checkpoint, and drawing a random init for 135M parameters costs seconds at start-up.
+
+    On a CPU a bfloat16 linear can run on its weight reordered once into oneDNN's blocked layout
+    (`pack`, on CPUs with AMX), or, without AMX, on fp32 copies for large steps
+    (`keep_fp32_copy`); bench/results/cpu_kernels.md measured both."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: torch.Tensor | None = None  # see pack
         self.weight32: torch.Tensor | None = None  # see keep_fp32_copy
         self.bias32: torch.Tensor | None = None
+
+    def pack(self, *, keep_weight: bool = False) -> None:
+        """Reorders the weight once into oneDNN's blocked layout, which F.linear would redo on
+        every call, and runs every step on it (the same sums: only the layout changes). The
+        plain weight is dropped unless `keep_weight` (a tied lm_head's is the embedding's)."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(
+            self.weight.detach(), PACKED_GEMM_ROWS
+        )
+        if not keep_weight:
+            self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
     def keep_fp32_copy(self) -> None:
         """Holds fp32 copies of the weights for steps of FP32_GEMM_MIN_ROWS rows or more."""
@@ -61,6 +92,11 @@ class Linear(nn.Module):
         self.bias32 = None if self.bias is None else self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            if torch.compiler.is_compiling():
+                return packed_linear(x, self.packed, self.bias)
+            # Eager, the oneDNN op itself: a custom op's dispatch costs about as much again.
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.weight32 is not None and x.shape[0] >= FP32_GEMM_MIN_ROWS:
             # bf16 inputs and weights are exact in fp32: the same fp32 sums as the bf16 GEMM's,
             # rounded once to x's dtype.
@@ -266,13 +302,20 @@ class Transformer(nn.Module):
                 if enabled:
                     setattr(block, name, torch.compile(getattr(block, name), dynamic=True))
 
+    def linears(self) -> list[Linear]:
+        return [m for m in self.modules() if isinstance(m, Linear)]
+
+    def pack_gemm_weights(self) -> None:
+        """Every linear's weight prepacked for oneDNN (`Linear.pack`)."""
+        for linear in self.linears():
+            linear.pack(keep_weight=linear.weight is self.embed_tokens.weight)
+
     def keep_fp32_gemm_weights(self) -> int:
         """fp32 copies of every linear's weights (`Linear.keep_fp32_copy`); returns their
         bytes."""
-        linears = [m for m in self.modules() if isinstance(m, Linear)]
-        for linear in linears:
+        for linear in self.linears():
             linear.keep_fp32_copy()
-        copies = [t for m in linears for t in (m.weight32, m.bias32) if t is not None]
+        copies = [t for m in self.linears() for t in (m.weight32, m.bias32) if t is not None]
         return sum(t.nbytes for t in copies)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ import transformers
 
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
-from wok_runtime.model import FP32_GEMM_MIN_ROWS, Linear
+from wok_runtime.loader import load_model
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, CausalAttention, Linear
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 
@@ -310,20 +311,50 @@ def test_bfloat16_linears_of_many_rows_run_the_same_sums_on_fp32_copies() -> Non
     assert torch.equal(linear(few), F.linear(few, linear.weight, linear.bias))
 
 
-def test_a_bfloat16_cpu_runner_keeps_fp32_copies_and_matches_without_them(tiny_dir: Path) -> None:
+def test_a_prepacked_linear_computes_what_the_plain_one_does() -> None:
+    """Packing changes the weight's layout, not the sums (bias included); the plain weight goes,
+    unless it is kept for a tied embedding."""
+    torch.manual_seed(0)
+    linear = Linear(64, 48, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64))
+        linear.bias.copy_(torch.randn(48))
+    linear = linear.bfloat16()
+    weight = linear.weight.detach().clone()
+    for rows in (1, 7, 32, 100):
+        x = torch.randn(rows, 64).bfloat16()
+        expected = F.linear(x, weight, linear.bias)
+        packed = Linear(64, 48, bias=True).bfloat16()
+        packed.load_state_dict(linear.state_dict())
+        packed.pack()
+        assert packed.weight.numel() == 0
+        assert torch.equal(packed(x), expected)
+    tied = Linear(64, 48).bfloat16()
+    tied.pack(keep_weight=True)
+    assert tied.weight.shape == (48, 64)
+
+
+def test_a_bfloat16_cpu_runner_prepares_its_gemms_and_matches_the_plain_model(
+    tiny_dir: Path,
+) -> None:
+    """With AMX every linear is prepacked, without it the large GEMMs get fp32 copies; either
+    way the runner's logits are the plain bf16 model's (a prefill long enough for the copies)."""
     runner = ModelRunner.from_source(
         "builtin:tiny", kv_cache_bytes=1 << 20, dtype="bfloat16", block_size=BLOCK
     )
-    linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
-    amx = torch.cpu._is_amx_tile_supported()
-    assert all((m.weight32 is None) == amx for m in linears)
-    ids = prompts(8192, [FP32_GEMM_MIN_ROWS + 8])[0]  # a prefill on the copies
-    with_copies = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
-    for m in linears:
-        m.weight32 = m.bias32 = None
-    without = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
-    assert with_copies.argmax() == without.argmax()
-    assert (with_copies - without).abs().max() < 0.1
+    linears = runner.model.linears()
+    if torch.cpu._is_amx_tile_supported():
+        assert all(m.packed is not None and m.weight32 is None for m in linears)
+    else:
+        assert all(m.packed is None and m.weight32 is not None for m in linears)
+    ids = prompts(8192, [FP32_GEMM_MIN_ROWS + 8])[0]
+    prepared = runner.forward([StepInput(ids, 0, list(range(10)))])[0]
+    plain = load_model(tiny_dir, dtype=torch.bfloat16, device=torch.device("cpu"))
+    with torch.inference_mode():
+        hidden = plain(torch.tensor(ids), torch.arange(len(ids)), CausalAttention())
+        reference = plain.logits(hidden[-1:])[0]
+    assert prepared.argmax() == reference.argmax()
+    assert (prepared - reference).abs().max() < 0.1
 
 
 def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Path) -> None:
