@@ -20,7 +20,8 @@ and MLP columns, and sums the partial outputs of `o_proj` and `down_proj` across
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,21 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 @packed_linear.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], packed.shape[0])
+
+
+#: Steps of fewer rows run eager in a compiled model: below this a compiled graph's call costs
+#: more than its fused kernels save (decode steps of 1 to 32 sequences ran 0.84–1.00× as fast
+#: compiled; prefills of 128 to 512 tokens 0.99–1.18×; bench/results/compile_rows.md).
+COMPILED_MIN_ROWS = 128
+
+
+def _by_rows(eager: Callable[..., Any], compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiled` for steps of COMPILED_MIN_ROWS rows or more, `eager` for the others."""
+
+    def run(x: torch.Tensor, *args: torch.Tensor) -> Any:
+        return (compiled if x.shape[0] >= COMPILED_MIN_ROWS else eager)(x, *args)
+
+    return run
 
 
 class Linear(nn.Module):
@@ -293,14 +309,17 @@ class Transformer(nn.Module):
 
     def compile_blocks(self, enabled: bool = True) -> None:
         """Compiles every block's two halves around attention (inductor: norms, RoPE, SiLU and
-        residuals fused; the graphs are shared by all layers and every token count above one).
-        Attention stays eager: its per-step Python planning would recompile on every batch
-        shape. `enabled=False` puts the eager methods back."""
+        residuals fused; the graphs are shared by all layers and every step of
+        COMPILED_MIN_ROWS rows or more; smaller steps run eager). Attention stays eager: its
+        per-step Python planning would recompile on every batch shape. `enabled=False` puts the
+        eager methods back."""
         for block in self.layers:
             for name in ("before_attention", "after_attention"):
                 vars(block).pop(name, None)  # the class's method again
                 if enabled:
-                    setattr(block, name, torch.compile(getattr(block, name), dynamic=True))
+                    eager = getattr(block, name)
+                    compiled = torch.compile(eager, dynamic=True)
+                    setattr(block, name, _by_rows(eager, compiled))
 
     def linears(self) -> list[Linear]:
         return [m for m in self.modules() if isinstance(m, Linear)]

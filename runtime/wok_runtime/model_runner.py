@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
-from wok_runtime.model import FP32_GEMM_MIN_ROWS, Transformer
+from wok_runtime.model import COMPILED_MIN_ROWS, FP32_GEMM_MIN_ROWS, Transformer
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.parallel import (
     Parallel,
@@ -306,18 +306,18 @@ class ModelRunner:
         return runner
 
     def compile(self) -> bool:
-        """Compiles the model's blocks (`Transformer.compile_blocks`) and runs each step shape
-        that makes a graph of its own (one token; fewer rows than FP32_GEMM_MIN_ROWS; more), so
-        that no request waits for the compiler. Any failure leaves the model eager (logged).
-        Returns whether the model runs compiled."""
+        """Compiles the model's blocks (`Transformer.compile_blocks`: steps of COMPILED_MIN_ROWS
+        rows or more) and runs one such step, so that no request waits for the compiler. Any
+        failure leaves the model eager (logged). Returns whether the model runs compiled."""
+        most = min(self.num_blocks * self.block_size, self.max_model_len)
+        if min(most, self.max_num_batched_tokens) < COMPILED_MIN_ROWS:
+            log.info("no step reaches %d rows: the model runs eager", COMPILED_MIN_ROWS)
+            return False
         started = time.perf_counter()
         self.model.compile_blocks()
-        most = min(self.num_blocks * self.block_size, self.max_model_len)
-        most = min(most, self.max_num_batched_tokens)
-        counts = sorted({min(n, most) for n in (1, 2, FP32_GEMM_MIN_ROWS)})
+        n = COMPILED_MIN_ROWS  # one graph: every larger step shares it (dynamic shapes)
         try:
-            for n in counts:
-                self.forward([StepInput([0] * n, 0, list(range(-(-n // self.block_size))))])
+            self.forward([StepInput([0] * n, 0, list(range(-(-n // self.block_size))))])
         except Exception:
             log.warning("compiling the model failed; it runs eager", exc_info=True)
             self.model.compile_blocks(False)
@@ -325,11 +325,7 @@ class ModelRunner:
         finally:
             self.k_blocks.zero_()  # the warm-up's K/V (see __init__: no garbage in the pool)
             self.v_blocks.zero_()
-        log.info(
-            "model compiled and warmed up for %s-token steps in %.1f s",
-            ", ".join(map(str, counts)),
-            time.perf_counter() - started,
-        )
+        log.info("model compiled and warmed up in %.1f s", time.perf_counter() - started)
         return True
 
     @torch.inference_mode()
@@ -458,7 +454,7 @@ class ModelRunner:
 
 def prepare_cpu_gemms(model: Transformer) -> None:
     """A bfloat16 model on a CPU with AMX runs every linear on its weight prepacked for oneDNN,
-    as vLLM's CPU backend does (1.1–1.25× a decode step of 8 or 32, bench/results/
+    as vLLM's CPU backend does (1.01–1.18× the engine's tok/s, bench/results/
     cpu_gemm_packing.md). Without AMX its larger GEMMs run on fp32 copies of the weights
     (model.FP32_GEMM_MIN_ROWS): the memory for twice the speed of prefills and large decode
     batches."""

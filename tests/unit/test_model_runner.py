@@ -19,7 +19,12 @@ import transformers
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
 from wok_runtime.loader import load_model
-from wok_runtime.model import FP32_GEMM_MIN_ROWS, CausalAttention, Linear
+from wok_runtime.model import (
+    COMPILED_MIN_ROWS,
+    FP32_GEMM_MIN_ROWS,
+    CausalAttention,
+    Linear,
+)
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.model_runner import ModelRunner, StepInput
 
@@ -180,9 +185,11 @@ def test_tied_small_matches_transformers(tied_dir: Path) -> None:
 
 
 def test_the_compiled_tiny_matches_transformers(tiny_dir: Path) -> None:
-    """Inductor's graphs (every step shape: prefills of 32 rows and more, chunks, decodes of
-    one and of several) compute what the eager model does, greedy token for greedy token."""
-    check_against_hf(tiny_dir, lengths=[40, 1, 30, 7], steps=24, chunk=5, compile=True)
+    """Inductor's graphs (the first step packs more than COMPILED_MIN_ROWS rows) and the eager
+    steps between them (chunks, decodes of one and of several) compute what Hugging Face does,
+    greedy token for greedy token."""
+    lengths = [COMPILED_MIN_ROWS, 1, 30, 7]
+    check_against_hf(tiny_dir, lengths=lengths, steps=24, chunk=5, compile=True)
 
 
 def test_a_model_that_fails_to_compile_runs_eager(
