@@ -49,11 +49,15 @@ FP32_GEMM_MIN_ROWS = 32
 PACKED_GEMM_ROWS = 32
 
 
+#: oneDNN's linear on a prepacked weight, the overload bound once (no lookup per call).
+_PACKED_LINEAR = torch.ops.mkldnn._linear_pointwise.default
+
+
 @torch.library.custom_op("wok::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ W.T + bias on a weight prepacked by `Linear.pack`. An op of its own so that
     torch.compile calls it as it is: inductor lowers the oneDNN op only for frozen weights."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return _PACKED_LINEAR(x, packed, bias, "none", [], "")
 
 
 @packed_linear.register_fake
@@ -112,7 +116,7 @@ class Linear(nn.Module):
             if torch.compiler.is_compiling():
                 return packed_linear(x, self.packed, self.bias)
             # Eager, the oneDNN op itself: a custom op's dispatch costs about as much again.
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return _PACKED_LINEAR(x, self.packed, self.bias, "none", [], "")
         if self.weight32 is not None and x.shape[0] >= FP32_GEMM_MIN_ROWS:
             # bf16 inputs and weights are exact in fp32: the same fp32 sums as the bf16 GEMM's,
             # rounded once to x's dtype.
