@@ -6,7 +6,9 @@ output tokens, midway), the model runner and the sampler alone (no HTTP, no sche
   - side by side, interleaved, medians: 1 and 2 intra-op threads (at the largest batch);
   - a torch profile of each step (one thread), by operator group: linear layers, attention over
     the paged KV (writes, block gathers, SDPA), norms, the rest of the operators, and the time
-    outside any operator (Python and dispatch: the step's wall time less its operators' time).
+    outside any operator (Python and dispatch: the step's wall time less its operators' time);
+  - the step without its GEMMs: every linear's output computed once, then replayed, so that what
+    is left (attention, norms, RoPE, Python) is timed without the profiler's own overhead.
 
     .venv/bin/python bench/runtime_step.py       # writes bench/results/runtime_step.{md,json}
 """
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from wok_runtime.model import Linear
 from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.sampler import Sampler
 from wok_runtime.sampling_params import SamplingParams
@@ -73,6 +76,23 @@ def side_by_side(
     return {key: statistics.median(values) for key, values in times.items()}
 
 
+def without_gemms(runner: ModelRunner, step: list[StepInput], iters: int) -> float:
+    """The step's median seconds with every linear's output replayed from a first real run."""
+    real = Linear.forward
+    outputs: dict[int, torch.Tensor] = {}
+
+    def replay(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+        if id(linear) not in outputs:
+            outputs[id(linear)] = real(linear, x)
+        return outputs[id(linear)]
+
+    Linear.forward = replay  # type: ignore[method-assign]
+    try:
+        return side_by_side({"replayed": runner}, step, [1], iters)["replayed, 1 thread"]
+    finally:
+        Linear.forward = real  # type: ignore[method-assign]
+
+
 def op_groups(runner: ModelRunner, step: list[StepInput], iters: int) -> dict[str, float]:
     """Shares of the step's wall time (one thread), the sampler's greedy pick included."""
     torch.set_num_threads(1)
@@ -117,18 +137,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         largest = decode_step(runner, max(args.batches), args.position)
         medians = side_by_side({"plain": runner}, largest, [1, 2], args.iters)
-        shares, seconds = {}, {}
+        shares, seconds, rest = {}, {}, {}
         steps = {f"batch {b}": decode_step(runner, b, args.position) for b in args.batches}
         mixed = min(args.batches[-1], 8)
         key = f"{mixed} + {args.mixed}-token prefill"
         steps[key] = mixed_step(runner, mixed, args.position, args.mixed)
         for label, step in steps.items():
             seconds[label] = side_by_side({"1 thread": runner}, step, [1], args.iters)
+            rest[label] = without_gemms(runner, step, args.iters)
             shares[label] = op_groups(runner, step, max(2, args.iters // 2))
             print(f"{name} {label}: {seconds[label]} {shares[label]}", file=sys.stderr)
         report["models"][name] = {
             "threads_at_largest_batch": medians,
             "step_seconds_by_batch": {b: next(iter(t.values())) for b, t in seconds.items()},
+            "step_seconds_without_gemms_by_batch": rest,
             "profile_shares_by_batch": shares,
         }
     out = Path(args.out)
@@ -156,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["|---|" + "---|" * len(by_batch)]
         step_ms = [f"{s * 1e3:.1f} ms" for s in model["step_seconds_by_batch"].values()]
         lines += ["| step, 1 thread | " + " | ".join(step_ms) + " |"]
+        rest_ms = [
+            f"{s * 1e3:.1f} ms" for s in model["step_seconds_without_gemms_by_batch"].values()
+        ]
+        lines += ["| step without its GEMMs (outputs replayed) | " + " | ".join(rest_ms) + " |"]
         for group in next(iter(by_batch.values())):
             cells = " | ".join(f"{shares[group]:.0%}" for shares in by_batch.values())
             lines.append(f"| {group} | {cells} |")
