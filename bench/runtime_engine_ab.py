@@ -14,8 +14,10 @@ Variants:
   fp32 GEMM ≥ N    linears of N rows or more on fp32 copies of the weights (what `from_source`
                    sets up for bfloat16 on a CPU without AMX; N = model.FP32_GEMM_MIN_ROWS) —
                    on CPUs without AMX
+  …, decode kernel decode attention over the paged blocks in place (paged_decode.py)
   …, compiled      and each block's halves around attention compiled (`compile_blocks`,
-                   inductor), warmed up before the timed runs
+                   inductor), warmed up before the timed runs; with the decode kernel, what
+                   `--compile` sets up
 
     .venv/bin/python bench/runtime_engine_ab.py   # writes bench/results/runtime_engine_ab.*
 """
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 from cpu_kernels import write_report
 
+from wok_runtime import paged_decode
 from wok_runtime.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
 from wok_runtime.engine import EngineConfig
 from wok_runtime.loader import load_model, resolve_source
@@ -80,17 +83,30 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
             for block, methods in zip(runner.model.layers, wrappers, strict=True):
                 vars(block).update(methods)
 
+    kernel = paged_decode.load()
+
+    def attention(in_place: bool) -> None:
+        runner.decode_kernel = kernel if in_place else None
+
     if torch.cpu._is_amx_tile_supported():
         return {
-            "bf16 GEMM": lambda: (compiled(False), bf16()),
-            "bf16 GEMM, compiled": lambda: (compiled(True), bf16()),
-            "prepacked": lambda: (compiled(False), prepacked()),
-            "prepacked, compiled": lambda: (compiled(True), prepacked()),
+            "bf16 GEMM": lambda: (compiled(False), attention(False), bf16()),
+            "prepacked": lambda: (compiled(False), attention(False), prepacked()),
+            "prepacked, decode kernel": lambda: (compiled(False), attention(True), prepacked()),
+            "prepacked, decode kernel, compiled": lambda: (
+                compiled(True),
+                attention(True),
+                prepacked(),
+            ),
         }
     return {
-        "bf16 GEMM": lambda: (compiled(False), bf16()),
-        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": lambda: (compiled(False), fp32()),
-        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}, compiled": lambda: (compiled(True), fp32()),
+        "bf16 GEMM": lambda: (compiled(False), attention(False), bf16()),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": lambda: (compiled(False), attention(False), fp32()),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}, decode kernel, compiled": lambda: (
+            compiled(True),
+            attention(True),
+            fp32(),
+        ),
     }
 
 

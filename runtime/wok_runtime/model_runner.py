@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from wok_runtime import paged_decode
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
@@ -72,6 +73,7 @@ class _DecodeGroup:
     end: int
     blocks: torch.Tensor  # ((end - start) * n_blocks,) each one's blocks, padded with block 0
     mask: torch.Tensor | None  # (end - start, 1, 1, n_blocks * bs) additive; None: no padding
+    lengths: torch.Tensor  # (end - start,) keys each one attends to (the decode kernel's)
 
 
 @dataclass
@@ -95,6 +97,7 @@ class _PagedAttention:
         self.k_slots, self.v_slots = runner._k_slots, runner._v_slots  # (layers, KVH, slots, hd)
         self.k_blocks, self.v_blocks = runner.k_blocks, runner.v_blocks  # (layers, KVH, blocks, …)
         self.plan = plan
+        self.kernel = runner.decode_kernel
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -108,6 +111,17 @@ class _PagedAttention:
         parts: list[torch.Tensor] = []
         for group in plan.decodes:
             B = group.end - group.start
+            if self.kernel is not None:
+                out = self.kernel(
+                    q[group.start : group.end].contiguous(),  # (B, H, hd)
+                    k_blocks,
+                    v_blocks,
+                    group.blocks.view(B, -1),  # (B, n_blocks)
+                    group.lengths,
+                    head_dim**-0.5,
+                )
+                parts.append(out)
+                continue
             # Query heads grouped under the KV head they share: GQA without repeating K/V.
             qd = q[group.start : group.end].view(B, n_kv_heads, -1, head_dim)  # (B, KVH, G, hd)
             # Whole blocks are gathered (one memcpy each), not single slots.
@@ -180,6 +194,9 @@ class ModelRunner:
         self._k_slots = self.k_blocks.view(flat)  # (layers, KVH, num_slots, hd)
         self._v_slots = self.v_blocks.view(flat)
         self._pin = self.device.type == "cuda"
+        # Decode attention over the blocks in place (paged_decode.py), built by `compile` on a
+        # CPU; None: gathers and SDPA.
+        self.decode_kernel: paged_decode.Kernel | None = None
 
     @classmethod
     def from_source(
@@ -307,13 +324,16 @@ class ModelRunner:
 
     def compile(self) -> bool:
         """Compiles the model's blocks (`Transformer.compile_blocks`: steps of COMPILED_MIN_ROWS
-        rows or more) and runs one such step, so that no request waits for the compiler. Any
-        failure leaves the model eager (logged). Returns whether the model runs compiled."""
+        rows or more) and runs one such step, so that no request waits for the compiler; on a
+        CPU also builds the decode attention kernel (paged_decode.py). Any failure leaves the
+        model eager, or attention on SDPA (logged). Returns whether the model runs compiled."""
         most = min(self.num_blocks * self.block_size, self.max_model_len)
         if min(most, self.max_num_batched_tokens) < COMPILED_MIN_ROWS:
             log.info("no step reaches %d rows: the model runs eager", COMPILED_MIN_ROWS)
             return False
         started = time.perf_counter()
+        if self.device.type == "cpu" and self.config.head_dim in paged_decode.HEAD_DIMS:
+            self.decode_kernel = paged_decode.load()
         self.model.compile_blocks()
         n = COMPILED_MIN_ROWS  # one graph: every larger step shares it (dynamic shapes)
         try:
@@ -422,7 +442,8 @@ class ModelRunner:
                 keys = torch.arange(n_blocks * bs)[None, :]
                 allowed = keys < torch.tensor(lengths[start:end])[:, None]  # (B, n_keys)
                 mask = to(self._additive(allowed[:, None, None, :]))
-            plan.decodes.append(_DecodeGroup(start, end, blocks, mask))
+            group_lengths = to(torch.tensor(lengths[start:end]))
+            plan.decodes.append(_DecodeGroup(start, end, blocks, mask, group_lengths))
         row = len(decode)
         for i in prefill:
             x = inputs[i]

@@ -152,7 +152,7 @@ def check_against_hf(
     *,
     tol: float = TOL,
     compile: bool = False,
-) -> None:
+) -> ModelRunner:
     runner = runner_for(path, compile=compile)
     ref = hf_model(path)
     ids = prompts(runner.config.vocab_size, lengths)
@@ -174,6 +174,7 @@ def check_against_hf(
             torch.testing.assert_close(got, want, rtol=0, atol=tol)
             # HF's greedy choice at every step is our token, so HF's greedy decode is ours.
             assert int(want.argmax()) == seq[prompt_len + t]
+    return runner
 
 
 def test_untied_tiny_matches_transformers(tiny_dir: Path) -> None:
@@ -185,11 +186,12 @@ def test_tied_small_matches_transformers(tied_dir: Path) -> None:
 
 
 def test_the_compiled_tiny_matches_transformers(tiny_dir: Path) -> None:
-    """Inductor's graphs (the first step packs more than COMPILED_MIN_ROWS rows) and the eager
-    steps between them (chunks, decodes of one and of several) compute what Hugging Face does,
-    greedy token for greedy token."""
+    """Inductor's graphs (the first step packs more than COMPILED_MIN_ROWS rows), the eager
+    steps between them (chunks, decodes of one and of several) and the decode attention kernel
+    compute what Hugging Face does, greedy token for greedy token."""
     lengths = [COMPILED_MIN_ROWS, 1, 30, 7]
-    check_against_hf(tiny_dir, lengths=lengths, steps=24, chunk=5, compile=True)
+    runner = check_against_hf(tiny_dir, lengths=lengths, steps=24, chunk=5, compile=True)
+    assert runner.decode_kernel is not None  # the decodes ran on paged_decode's kernel
 
 
 def test_a_model_that_fails_to_compile_runs_eager(
