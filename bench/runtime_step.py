@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from wok_runtime.model import Linear
+from wok_runtime.model import COMPILED_MIN_ROWS, Linear
 from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.sampler import Sampler
 from wok_runtime.sampling_params import SamplingParams
@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         steps[key] = mixed_step(runner, mixed, args.position, args.mixed)
         for label, step in steps.items():
             seconds[label] = side_by_side({"1 thread": runner}, step, [1], args.iters)
-            rest[label] = without_gemms(runner, step, args.iters)
+            rows = sum(len(x.token_ids) for x in step)
+            # A compiled graph keeps the linears it traced: replaying them needs an eager step.
+            eager = not args.compile or rows < COMPILED_MIN_ROWS
+            rest[label] = without_gemms(runner, step, args.iters) if eager else None
             shares[label] = op_groups(runner, step, max(2, args.iters // 2))
             print(f"{name} {label}: {seconds[label]} {shares[label]}", file=sys.stderr)
         report["models"][name] = {
@@ -178,9 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["|---|" + "---|" * len(by_batch)]
         step_ms = [f"{s * 1e3:.1f} ms" for s in model["step_seconds_by_batch"].values()]
         lines += ["| step, 1 thread | " + " | ".join(step_ms) + " |"]
-        rest_ms = [
-            f"{s * 1e3:.1f} ms" for s in model["step_seconds_without_gemms_by_batch"].values()
-        ]
+        rest = model["step_seconds_without_gemms_by_batch"].values()
+        rest_ms = ["–" if s is None else f"{s * 1e3:.1f} ms" for s in rest]
         lines += ["| step without its GEMMs (outputs replayed) | " + " | ".join(rest_ms) + " |"]
         for group in next(iter(by_batch.values())):
             cells = " | ".join(f"{shares[group]:.0%}" for shares in by_batch.values())

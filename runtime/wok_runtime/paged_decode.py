@@ -82,6 +82,13 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_blocks, const torch::
       for (int64_t blk = 0; blk * BS < len; ++blk) {
         const int64_t n = std::min(BS, len - blk * BS);
         const int64_t base = (kvh * NB + tables[b * MB + blk]) * BS * D;
+        if ((blk + 1) * BS < len) {  // the next block's keys and values, while this one runs
+          const int64_t next = (kvh * NB + tables[b * MB + blk + 1]) * BS * D;
+          for (int64_t byte = 0; byte < BS * D * (int64_t)sizeof(T); byte += 64) {
+            __builtin_prefetch(reinterpret_cast<const char*>(kp + next) + byte);
+            __builtin_prefetch(reinterpret_cast<const char*>(vp + next) + byte);
+          }
+        }
         // Scores: each key converted to fp32 once, for every query head of the group.
         for (int64_t t = 0; t < n; ++t) {
           const T* key = kp + base + t * D;
