@@ -431,14 +431,18 @@ class ModelRunner:
             last_rows=to(torch.tensor(last_rows)),
         )
         lengths = [inputs[i].start_pos + 1 for i in decode]  # ascending
-        for start, end in _length_groups([-(-n // bs) for n in lengths]):
+        if self.decode_kernel is not None:  # it reads no padding: one group
+            groups = [(0, len(decode))] if decode else []
+        else:  # SDPA attends over padded copies: groups of similar length
+            groups = _length_groups([-(-n // bs) for n in lengths])
+        for start, end in groups:
             group = decode[start:end]
             n_blocks = -(-lengths[end - 1] // bs)
             # Padding points at block 0; the mask hides it (and the unwritten tail of each).
             padded = [(list(inputs[i].block_table) + [0] * n_blocks)[:n_blocks] for i in group]
             blocks = to(torch.tensor(padded).view(-1))  # (B * n_blocks,)
             mask = None
-            if lengths[start] != n_blocks * bs:
+            if self.decode_kernel is None and lengths[start] != n_blocks * bs:
                 keys = torch.arange(n_blocks * bs)[None, :]
                 allowed = keys < torch.tensor(lengths[start:end])[:, None]  # (B, n_keys)
                 mask = to(self._additive(allowed[:, None, None, :]))
