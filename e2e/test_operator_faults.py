@@ -4,6 +4,7 @@ operator continues from status, and a Prometheus outage holds the loop until met
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -108,3 +109,21 @@ def test_prometheus_outage_holds_then_resumes(wok_cluster, wok_namespace, tmp_pa
         kubectl(kc, "delete", "wis", "--all", "-n", ns, "--wait=true")
         assert operator.stop() == 0, operator.log_tail()
         prometheus.stop()
+
+
+def test_an_operator_that_crashes_in_native_code_leaves_its_threads_in_the_log(
+    wok_cluster, wok_namespace, tmp_path
+):
+    """An abort (SIGABRT, as a failing C library raises it) leaves every thread's Python stack
+    in the log, not only an exit status of -6."""
+    kc, ns = wok_cluster.kubeconfig, wok_namespace
+    install_crds(kc)
+    operator = OperatorProcess(
+        kc, ns, NO_PROMETHEUS, tmp_path / "operator.log", run_marker=str(wok_cluster.run_dir)
+    )
+    operator.wait_live()
+    operator.popen.send_signal(signal.SIGABRT)
+    assert operator.popen.wait(30) == -signal.SIGABRT
+    log = operator.log.read_text(errors="replace")
+    assert "Fatal Python error: Aborted" in log
+    assert "Current thread" in log or "Thread 0x" in log, log[-2000:]

@@ -84,6 +84,8 @@ def register_operator(commands: Any) -> None:
 
 
 def run_operator(args: argparse.Namespace) -> int:
+    import faulthandler
+
     import kopf
     from prometheus_client import start_http_server
 
@@ -99,6 +101,9 @@ def run_operator(args: argparse.Namespace) -> int:
     if not args.all_namespaces and not args.namespace:
         raise ValueError("say which namespaces to watch: --namespace NS (repeatable) or -A")
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    # A crash in native code (an abort at exit, a segfault) leaves every thread's stack in the
+    # log instead of only an exit status.
+    faulthandler.enable()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     leadership = None if args.standalone else win_the_lease(args)
