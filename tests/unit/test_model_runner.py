@@ -303,15 +303,20 @@ def test_bfloat16_runs_close_to_float32(tiny_dir: Path) -> None:
     assert (outs[0] - outs[1]).abs().max() < 0.1
 
 
-def test_bfloat16_linears_of_many_rows_run_the_same_sums_on_fp32_copies() -> None:
-    """The fp32 copies change the kernel, not the sums: from FP32_GEMM_MIN_ROWS rows a linear
-    computes the fp32 product of its bf16 inputs and weights, rounded once; below, bf16's."""
+def random_bf16_linear() -> Linear:
+    """A 64 -> 48 bfloat16 linear with a bias, random weights (its init is left empty)."""
     torch.manual_seed(0)
     linear = Linear(64, 48, bias=True)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(48, 64))
         linear.bias.copy_(torch.randn(48))
-    linear = linear.bfloat16()
+    return linear.bfloat16()
+
+
+def test_bfloat16_linears_of_many_rows_run_the_same_sums_on_fp32_copies() -> None:
+    """The fp32 copies change the kernel, not the sums: from FP32_GEMM_MIN_ROWS rows a linear
+    computes the fp32 product of its bf16 inputs and weights, rounded once; below, bf16's."""
+    linear = random_bf16_linear()
     linear.keep_fp32_copy()
     w, b = linear.weight.float(), linear.bias.float()
     many = torch.randn(FP32_GEMM_MIN_ROWS, 64).bfloat16()
@@ -323,12 +328,7 @@ def test_bfloat16_linears_of_many_rows_run_the_same_sums_on_fp32_copies() -> Non
 def test_a_prepacked_linear_computes_what_the_plain_one_does() -> None:
     """Packing changes the weight's layout, not the sums (bias included); the plain weight goes,
     unless it is kept for a tied embedding."""
-    torch.manual_seed(0)
-    linear = Linear(64, 48, bias=True)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(48, 64))
-        linear.bias.copy_(torch.randn(48))
-    linear = linear.bfloat16()
+    linear = random_bf16_linear()
     weight = linear.weight.detach().clone()
     for rows in (1, 7, 32, 100):
         x = torch.randn(rows, 64).bfloat16()
