@@ -74,16 +74,26 @@ def condition(scale: float) -> Condition:
 def static_fleets(scale: float) -> tuple[tuple[Fleet, ...], tuple[Fleet, ...]]:
     """(every static fleet run on the first seed, in the order they run; those run on each seed).
 
-    ×1 keeps the fleets its published results ran. Elsewhere, around p = round(PEAK_PODS ×
-    scale): B32 first (a fifth of B64's simulator time) at p, p-1 and p+1, then B64 where B32
-    would just miss 99 % (p-1, p, p-2), since static-peak is the cheapest fleet at any B; the
-    seeded ones are static-peak's likely fleets and the one below, as at ×1.
+    ×1 keeps the fleets its published results ran. Elsewhere, from p = round(PEAK_PODS × scale)
+    down: B32 first (a fifth of B64's simulator time) at p to p-3, since a larger fleet batches
+    more and its peak grows less than the rate (and wok's GPU-hours lie below it), then B64 at
+    p-2 and p-1, where B32 may just miss 99 % (static-peak is the cheapest fleet at any B), then
+    B32 at p+1. The seeded ones: static-peak's likely fleets and those on each side of wok's
+    GPU-hours.
     """
     if scale == 1.0:
         return STATICS, SEEDED_STATICS
     p = round(PEAK_PODS * scale)
-    statics = ((p, 32), (p - 1, 32), (p + 1, 32), (p - 1, 64), (p, 64), (p - 2, 64), (p - 2, 32))
-    seeded = ((p, 64), (p - 1, 64), (p, 32))
+    statics = (
+        (p, 32),
+        (p - 1, 32),
+        (p - 2, 32),
+        (p - 3, 32),
+        (p - 2, 64),
+        (p - 1, 64),
+        (p + 1, 32),
+    )
+    seeded = ((p - 1, 32), (p - 2, 32), (p - 2, 64), (p - 3, 32))
     return tuple(f for f in statics if f[0] >= 1), tuple(f for f in seeded if f[0] >= 1)
 
 
