@@ -77,9 +77,9 @@ def static_fleets(scale: float) -> tuple[tuple[Fleet, ...], tuple[Fleet, ...]]:
     ×1 keeps the fleets its published results ran. Elsewhere, from p = round(PEAK_PODS × scale)
     down: B32 first (a fifth of B64's simulator time) at p to p-3, since a larger fleet batches
     more and its peak grows less than the rate (and wok's GPU-hours lie below it), then B64 at
-    p-2 and p-1, where B32 may just miss 99 % (static-peak is the cheapest fleet at any B), then
-    B32 at p+1. The seeded ones: static-peak's likely fleets and those on each side of wok's
-    GPU-hours.
+    p-2, p-3 and p-1, where B32 may just miss 99 % (static-peak is the cheapest fleet at any B)
+    or B64 may lift the frontier, then B32 at p+1. The seeded ones: static-peak's likely fleets
+    and those on each side of wok's GPU-hours.
     """
     if scale == 1.0:
         return STATICS, SEEDED_STATICS
@@ -90,10 +90,11 @@ def static_fleets(scale: float) -> tuple[tuple[Fleet, ...], tuple[Fleet, ...]]:
         (p - 2, 32),
         (p - 3, 32),
         (p - 2, 64),
+        (p - 3, 64),
         (p - 1, 64),
         (p + 1, 32),
     )
-    seeded = ((p - 1, 32), (p - 2, 32), (p - 2, 64), (p - 3, 32))
+    seeded = ((p - 2, 64), (p - 3, 64), (p - 1, 32), (p - 2, 32), (p - 3, 32))
     return tuple(f for f in statics if f[0] >= 1), tuple(f for f in seeded if f[0] >= 1)
 
 
