@@ -1,7 +1,8 @@
 """The law over a day: wok against static-peak, the static frontier and swept HPA / KEDA on the
-ServeGen day (bench/traces/servegen_m_large.json at its default day and rate scale).
+ServeGen day (bench/traces/servegen_m_large.json at its default day and rate scale, or `--scale`
+times that rate).
 
-The conditions are `wok evaluate`'s (`Condition("day", 1, 90 s, loose)`: TTFT 2 s, TPOT 0.1 s,
+The conditions are `wok evaluate`'s (`Condition("day", scale, 90 s, loose)`: TTFT 2 s, TPOT 0.1 s,
 scored from its warm-up, the planner's warm start for the autoscalers, static fleets at full size)
 and so are the frontier and static-peak (`wok_sim.evaluate`'s pure functions). A day is 24 times
 an hour-long trace's simulations, so this runs a chosen subset of `wok evaluate`'s matrix: wok on
@@ -13,9 +14,11 @@ what the summary hides: per hour, the load, the pods and the attainment of wok a
 
     nice -n 19 .venv/bin/python bench/daytrace.py --seeds 0,1,2,3,4 --jobs 1  # jobs not in the JSON
     .venv/bin/python bench/daytrace.py --render                  # the table and plot again
+    nice -n 19 .venv/bin/python bench/daytrace.py --scale 3 --seeds 0 --jobs 1  # 3 x the rate
 
-Writes bench/results/daytrace.{md,json,png}; each finished simulation is saved at once, so a run
-that is stopped keeps what it did and the next run goes on from there.
+Writes bench/results/daytrace.{md,json,png} (daytrace_x{scale}.* at another `--scale`); each
+finished simulation is saved at once, so a run that is stopped keeps what it did and the next run
+goes on from there.
 """
 
 from __future__ import annotations
@@ -43,13 +46,13 @@ from wok_sim.evaluate import (
     variants_of,
 )
 
-CONDITION = Condition("day", 1.0, 90.0, "loose")
-# In the order they run (a stopped run keeps the first): the fleets around the planner's peak
-# (3 pods) at B64, then the nearest rivals, then the same fleets at B32.
+# At ×1, in the order they run (a stopped run keeps the first): the fleets around the planner's
+# peak (3 pods) at B64, then the nearest rivals, then the same fleets at B32.
 STATICS = ((4, 64), (3, 64), (5, 64), (2, 64), (4, 32), (3, 32), (5, 32))
 # The fleets on each side of wok's GPU-hours (static-peak and the one below) at the B that serve
 # most: run on every seed, since the frontier there is what wok is judged against.
 SEEDED_STATICS = ((3, 64), (2, 64), (3, 32))
+PEAK_PODS = 3  # the planner's peak fleet at ×1; another scale looks around PEAK_PODS × scale
 # (registry name, variant name, B): the targets nearest wok on the hour-long code trace.
 BASELINES = (
     ("hpa-concurrency-swept", "hpa-concurrency-4", 64),
@@ -60,34 +63,62 @@ BASELINES = (
 )
 HOUR_S = 3600.0
 RESULTS = Path(__file__).resolve().parent / "results"
-OUT = RESULTS / "daytrace.json"
 GOAL_ATTAINMENT, GOAL_SHARE = 0.99, 0.70
+Fleet = tuple[int, int]  # (replicas, B)
 
 
-def static_jobs(seeds: list[int]) -> list[Job]:
-    """Every fleet of STATICS on the first seed, then SEEDED_STATICS on each other seed, seed by
-    seed (a stopped run leaves whole seeds)."""
+def condition(scale: float) -> Condition:
+    return Condition("day", scale, 90.0, "loose")
+
+
+def static_fleets(scale: float) -> tuple[tuple[Fleet, ...], tuple[Fleet, ...]]:
+    """(every static fleet run on the first seed, in the order they run; those run on each seed).
+
+    ×1 keeps the fleets its published results ran. Elsewhere, from p = round(PEAK_PODS × scale)
+    down: B32 first (a fifth of B64's simulator time) at p to p-3, since a larger fleet batches
+    more and its peak grows less than the rate (and wok's GPU-hours lie below it), then B64 at
+    p-2, p-3 and p-1, where B32 may just miss 99 % (static-peak is the cheapest fleet at any B)
+    or B64 may lift the frontier, then B32 at p+1. The seeded ones: static-peak's likely fleets
+    and those on each side of wok's GPU-hours.
+    """
+    if scale == 1.0:
+        return STATICS, SEEDED_STATICS
+    p = round(PEAK_PODS * scale)
+    statics = (
+        (p, 32),
+        (p - 1, 32),
+        (p - 2, 32),
+        (p - 3, 32),
+        (p - 2, 64),
+        (p - 3, 64),
+        (p - 1, 64),
+        (p + 1, 32),
+    )
+    seeded = ((p - 2, 64), (p - 3, 64), (p - 1, 32), (p - 2, 32), (p - 3, 32))
+    return tuple(f for f in statics if f[0] >= 1), tuple(f for f in seeded if f[0] >= 1)
+
+
+def static_jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
+    """Every fleet of static_fleets' first list on the first seed, then the seeded ones on each
+    other seed, seed by seed (a stopped run leaves whole seeds)."""
+    statics, seeded = static_fleets(scale)
     first, *others = seeds
-    fleets = [(first, *f) for f in STATICS] + [(s, *f) for s in others for f in SEEDED_STATICS]
-    return [Job(CONDITION, seed, STATIC, n * 1000 + b) for seed, n, b in fleets]
+    fleets = [(first, *f) for f in statics] + [(s, *f) for s in others for f in seeded]
+    return [Job(condition(scale), seed, STATIC, n * 1000 + b) for seed, n, b in fleets]
 
 
-def jobs(seeds: list[int]) -> list[Job]:
+def jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
     """wok on the first seed, the first three static fleets, two rivals, the other static
     fleets; then seed by seed wok and the static fleets near it (a stopped run leaves whole seeds
     to compare); last the other rivals."""
-    statics = static_jobs(seeds)
-    first = statics[: len(STATICS)]
+    cond = condition(scale)
+    statics = static_jobs(seeds, scale)
+    first = statics[: len(static_fleets(scale)[0])]
     rivals = [
-        Job(
-            CONDITION,
-            seeds[0],
-            registry,
-            variants_of(registry, CONDITION, seeds[0]).index((name, b)),
-        )
+        Job(cond, seeds[0], registry, variants_of(registry, cond, seeds[0]).index((name, b)))
         for registry, name, b in BASELINES
     ]
-    wok = [Job(CONDITION, seed, "wok", 0) for seed in seeds]
+    wok = [Job(cond, seed, "wok", 0) for seed in seeds]
     later = [
         job
         for seed, w in zip(seeds[1:], wok[1:], strict=True)
@@ -108,7 +139,7 @@ def run_job(job: Job) -> dict:
     from wok_sim.policies import load_registry
     from wok_sim.report import Slos, slo_hits, summarize
 
-    ctx = context(CONDITION, job.seed, warm_start_fleet=job.policy != STATIC)
+    ctx = context(job.condition, job.seed, warm_start_fleet=job.policy != STATIC)
     if job.policy == STATIC:
         replicas, batch = divmod(job.variant, 1000)
         policy = StaticPolicy(f"static-{replicas}", batch=batch, replicas=replicas)
@@ -116,7 +147,7 @@ def run_job(job: Job) -> dict:
         policy = load_registry()[job.policy].variants(ctx)[job.variant]
     config = FleetConfig(
         profile=ctx.profile,
-        cold_start_s=CONDITION.cold_start_s,
+        cold_start_s=job.condition.cold_start_s,
         seed=job.seed,
         score_from_s=WARM_UP_S,
     )
@@ -157,15 +188,15 @@ def run_job(job: Job) -> dict:
     }
 
 
-def outcome(run: dict) -> Outcome:
-    job = Job(CONDITION, run["seed"], run["policy"], run["variant"])
+def outcome(run: dict, scale: float) -> Outcome:
+    job = Job(condition(scale), run["seed"], run["policy"], run["variant"])
     return Outcome(job, run["name"], run["batch"], run["attainment"], run["gpu_hours"], 0.0)
 
 
-def summary(runs: list[dict]) -> dict:
+def summary(runs: list[dict], scale: float = 1.0) -> dict:
     """wok's mean over its seeds against the static frontier, static-peak and the baselines; the
     static fleets count only the seeds wok ran (the same seeds, as in `wok evaluate`)."""
-    outcomes = [outcome(r) for r in runs]
+    outcomes = [outcome(r, scale) for r in runs]
     wok_seeds = {o.job.seed for o in outcomes if o.job.policy == "wok"}
     statics = points(
         o for o in outcomes if o.job.policy == STATIC and (not wok_seeds or o.job.seed in wok_seeds)
@@ -203,16 +234,30 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def markdown(runs: list[dict], command: str) -> str:
-    s = summary(runs)
+def _title(scale: float) -> str:
+    return "the ServeGen m-large day" + ("" if scale == 1.0 else f" ×{scale:g}")
+
+
+def _rate(scale: float) -> str:
+    """The load, in the words of the trace's defaults and `scale_rate`'s overlay."""
+    if scale == 1.0:
+        return "rate scale 0.1"
+    return (
+        f"rate scale 0.1, then ×{scale:g} (`wok evaluate`'s overlay: each request and "
+        f"{scale - 1:g} copies on average, each moved by a seeded ±30 s jitter)"
+    )
+
+
+def markdown(runs: list[dict], command: str, scale: float = 1.0) -> str:
+    s = summary(runs, scale)
     w, peak = s["wok"], s["static_peak"]
     lines = [
-        "# The law over a day: the ServeGen m-large day",
+        f"# The law over a day: {_title(scale)}",
         "",
         f"Command: `{command}`",
         "",
         "Trace: bench/traces/servegen_m_large.json at its defaults (day 6, 24 h from midnight, "
-        "rate scale 0.1; arrivals drawn from ServeGen's per-window fits with each seed), profile "
+        f"{_rate(scale)}; arrivals drawn from ServeGen's per-window fits with each seed), profile "
         "`sim:llama-3-8b-80g`, 90 s pod start, TTFT 2 s and TPOT 0.1 s (`wok evaluate`'s loose "
         f"SLOs), every policy scored from {WARM_UP_S:g} s. Mean [min–max] over the seeds; a "
         "static fleet counts only the seeds wok ran. The static fleets near wok's GPU-hours run "
@@ -289,14 +334,14 @@ def seed_zero_runs(runs: list[dict], peak: Outcome | None) -> tuple[dict | None,
     return wok0, peak_run
 
 
-def plot(runs: list[dict], path: Path) -> None:
+def plot(runs: list[dict], path: Path, scale: float = 1.0) -> None:
     """Load, pods and attainment per hour: wok against static-peak, seed 0."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    peak = summary(runs)["static_peak"]
+    peak = summary(runs, scale)["static_peak"]
     wok0, peak_run = seed_zero_runs(runs, peak)
     if not wok0:
         return
@@ -330,16 +375,24 @@ def plot(runs: list[dict], path: Path) -> None:
     axes[2].set_ylabel("all SLOs % (by arrival hour)")
     axes[2].set_xlabel("hour of the day")
     axes[2].legend(fontsize="small")
-    fig.suptitle("ServeGen m-large day, 90 s pod start, TTFT 2 s / TPOT 0.1 s", fontsize="medium")
+    fig.suptitle(
+        f"{_title(scale).removeprefix('the ')}, 90 s pod start, TTFT 2 s / TPOT 0.1 s",
+        fontsize="medium",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def write(runs: list[dict], command: str, out: Path) -> None:
-    out.write_text(json.dumps({"command": command, "runs": runs}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(runs, command))
-    plot(runs, out.with_suffix(".png"))
+def write(runs: list[dict], command: str, out: Path, scale: float) -> None:
+    stored: dict = {"command": command, "runs": runs} | ({} if scale == 1.0 else {"scale": scale})
+    out.write_text(json.dumps(stored, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(runs, command, scale))
+    plot(runs, out.with_suffix(".png"), scale)
+
+
+def default_out(scale: float) -> Path:
+    return RESULTS / ("daytrace.json" if scale == 1.0 else f"daytrace_x{scale:g}.json")
 
 
 def main() -> int:
@@ -348,20 +401,23 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel simulations")
     parser.add_argument("--only", default="", help="run the jobs whose key starts with this")
     parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
-    parser.add_argument("--out", type=Path, default=OUT, help="the JSON (and .md, .png beside it)")
+    parser.add_argument("--scale", type=float, default=1.0, help="the day's rate ×, ≥ 1")
+    parser.add_argument(
+        "--out", type=Path, help="the JSON (and .md, .png beside it); default daytrace[_xSCALE]"
+    )
     args = parser.parse_args()
-    out = args.out
+    out = args.out or default_out(args.scale)
     stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     runs: list[dict] = stored["runs"]
     command = "nice -n 19 .venv/bin/python bench/daytrace.py " + " ".join(sys.argv[1:])
     if args.render:
-        write(runs, stored.get("command", command), out)
+        write(runs, stored.get("command", command), out, stored.get("scale", args.scale))
         print(out.with_suffix(".md").read_text())
         return 0
     done = {r["key"] for r in runs}
     todo = [
         j
-        for j in jobs([int(s) for s in args.seeds.split(",")])
+        for j in jobs([int(s) for s in args.seeds.split(",")], args.scale)
         if key(j) not in done and key(j).startswith(args.only)
     ]
     print(f"{len(todo)} simulations to run", file=sys.stderr)
@@ -369,7 +425,7 @@ def main() -> int:
         for future in as_completed([pool.submit(run_job, j) for j in todo]):
             run = future.result()
             runs.append(run)
-            write(runs, command, out)
+            write(runs, command, out, args.scale)
             print(
                 f"{run['key']}: {run['name']} B{run['batch']} {_pct(run['attainment'])} % at "
                 f"{run['gpu_hours']:.2f} GPU-h ({run['sim_s']:.0f} s)",

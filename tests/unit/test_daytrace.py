@@ -81,3 +81,31 @@ def test_later_seeds_run_whole_before_the_remaining_rivals(daytrace, monkeypatch
     last_rival = max(i for i, (p, _) in enumerate(order) if p not in ("wok", "static"))
     assert order.index(("wok", 1)) < last_rival
     assert all(p not in ("wok", "static") for p, _ in order[-3:])
+
+
+def test_a_larger_scale_runs_the_fleets_around_its_own_peak_into_its_own_files(
+    daytrace, monkeypatch
+):
+    names = [(name, batch) for _, name, batch in daytrace.BASELINES]
+    monkeypatch.setattr(daytrace, "variants_of", lambda *_: names)
+    jobs = daytrace.jobs([0, 1], scale=3.0)
+    assert {j.condition.scale for j in jobs} == {3.0}
+    assert (jobs[0].policy, jobs[0].seed) == ("wok", 0)
+    statics = [divmod(j.variant, 1000) for j in jobs if j.policy == "static" and j.seed == 0]
+    # From 9 pods (3 × the ×1 peak of 3) down, B32 before B64, B64 two pods below the peak.
+    assert {(9, 32), (8, 32), (7, 32), (6, 32), (7, 64), (6, 64), (8, 64)} <= set(statics)
+    assert all(6 <= n <= 10 for n, _ in statics)
+    assert statics.index((6, 32)) < statics.index((7, 64)) < statics.index((8, 64))
+    seeded = {divmod(j.variant, 1000) for j in jobs if j.policy == "static" and j.seed == 1}
+    assert seeded == {(8, 32), (7, 32), (7, 64), (6, 64), (6, 32)}
+    assert daytrace.static_fleets(1.0) == (daytrace.STATICS, daytrace.SEEDED_STATICS)
+    assert daytrace.default_out(1.0).name == "daytrace.json"
+    assert daytrace.default_out(3.0).name == "daytrace_x3.json"
+
+
+def test_the_table_names_its_scale(daytrace):
+    runs = [run("wok", 0, "wok", None, 0.999, 60.0)]
+    assert "# The law over a day: the ServeGen m-large day\n" in daytrace.markdown(runs, "cmd")
+    scaled = daytrace.markdown(runs, "cmd", 3.0)
+    assert "# The law over a day: the ServeGen m-large day ×3\n" in scaled
+    assert "rate scale 0.1, then ×3 (" in scaled
