@@ -33,6 +33,7 @@ from runtime_vs_vllm import (
     alternating_medians,
     loads,
     ratio,
+    ratio_text,
     wok_server,
 )
 
@@ -81,10 +82,6 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.1f}"
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}×"
-
-
 def markdown(report: dict[str, Any]) -> str:
     a, b = report["a"], report["b"]
     lines = [
@@ -108,7 +105,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {row['load']} ({row['requests']} req, {row['concurrency']} at once) "
             f"| {ra['output_tokens_per_s']:.0f} | {rb['output_tokens_per_s']:.0f} "
-            f"| {_x(row['tok_s_ratio'])} "
+            f"| {ratio_text(row['tok_s_ratio'])} "
             f"| {_ms(ra['tpot_p50_s'])} / {_ms(rb['tpot_p50_s'])} "
             f"| {_ms(ra['tpot_p99_s'])} / {_ms(rb['tpot_p99_s'])} "
             f"| {_ms(ra['ttft_p50_s'])} / {_ms(rb['ttft_p50_s'])} | {runs_b} | {runs_a} |"

@@ -319,7 +319,7 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.0f}"
 
 
-def _x(value: float | None) -> str:
+def ratio_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}×"
 
 
@@ -349,12 +349,12 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['load']} ({row['requests']} req, {row['concurrency']} at once) "
                 f"| {w['output_tokens_per_s']:.0f} | {v['output_tokens_per_s']:.0f} "
-                f"| {_x(row['tok_s_ratio'])} "
+                f"| {ratio_text(row['tok_s_ratio'])} "
                 f"| {_ms(w['ttft_p50_s'])} / {_ms(v['ttft_p50_s'])} "
                 f"| {_ms(w['ttft_p99_s'])} / {_ms(v['ttft_p99_s'])} "
                 f"| {_ms(w['tpot_p50_s'])} / {_ms(v['tpot_p50_s'])} "
                 f"| {_ms(w['tpot_p99_s'])} / {_ms(v['tpot_p99_s'])} "
-                f"| {_x(row['tpot_p99_ratio'])} |"
+                f"| {ratio_text(row['tpot_p99_ratio'])} |"
             )
     return "\n".join(lines) + "\n"
 

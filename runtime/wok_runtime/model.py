@@ -336,9 +336,10 @@ class Transformer(nn.Module):
     def keep_fp32_gemm_weights(self) -> int:
         """fp32 copies of every linear's weights (`Linear.keep_fp32_copy`); returns their
         bytes."""
-        for linear in self.linears():
+        linears = self.linears()
+        for linear in linears:
             linear.keep_fp32_copy()
-        copies = [t for m in self.linears() for t in (m.weight32, m.bias32) if t is not None]
+        copies = [t for m in linears for t in (m.weight32, m.bias32) if t is not None]
         return sum(t.nbytes for t in copies)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

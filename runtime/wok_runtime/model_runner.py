@@ -73,7 +73,7 @@ class _DecodeGroup:
     end: int
     blocks: torch.Tensor  # ((end - start) * n_blocks,) each one's blocks, padded with block 0
     mask: torch.Tensor | None  # (end - start, 1, 1, n_blocks * bs) additive; None: no padding
-    lengths: torch.Tensor  # (end - start,) keys each one attends to (the decode kernel's)
+    lengths: torch.Tensor | None  # (end - start,) keys each one attends to; kernel only
 
 
 @dataclass
@@ -446,7 +446,9 @@ class ModelRunner:
                 keys = torch.arange(n_blocks * bs)[None, :]
                 allowed = keys < torch.tensor(lengths[start:end])[:, None]  # (B, n_keys)
                 mask = to(self._additive(allowed[:, None, None, :]))
-            group_lengths = to(torch.tensor(lengths[start:end]))
+            group_lengths = None
+            if self.decode_kernel is not None:
+                group_lengths = to(torch.tensor(lengths[start:end]))
             plan.decodes.append(_DecodeGroup(start, end, blocks, mask, group_lengths))
         row = len(decode)
         for i in prefill:
