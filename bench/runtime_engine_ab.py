@@ -16,8 +16,10 @@ Variants:
                    on CPUs without AMX
   …, decode kernel decode attention over the paged blocks in place (paged_decode.py)
   …, compiled      and each block's halves around attention compiled (`compile_blocks`,
-                   inductor), warmed up before the timed runs; with the decode kernel, what
-                   `--compile` sets up
+                   inductor), warmed up before the timed runs
+  brgemm, …        every linear on torch's AMX micro-kernel, its weight in brgemm's blocked
+                   layout (brgemm_linear.py) — on CPUs with AMX; with the decode kernel and
+                   compiled, what `--compile` sets up there
 
     .venv/bin/python bench/runtime_engine_ab.py   # writes bench/results/runtime_engine_ab.*
 """
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 from cpu_kernels import write_report
 
-from wok_runtime import paged_decode
+from wok_runtime import brgemm_linear, paged_decode
 from wok_runtime.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
 from wok_runtime.engine import EngineConfig
 from wok_runtime.loader import load_model, resolve_source
@@ -58,14 +60,26 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
     for mine, theirs in zip(linears, plain.linears(), strict=True):
         mine.weight = theirs.weight
     packed = [m.packed for m in linears]
+    blocked = [
+        brgemm_linear.pack(m.weight.detach())
+        if brgemm_linear.load() and brgemm_linear.fits(m.out_features, m.in_features)
+        else None
+        for m in linears
+    ]
 
     def bf16() -> None:
         for m in linears:
-            m.packed = m.weight32 = m.bias32 = None
+            m.packed = m.brgemm_packed = m.weight32 = m.bias32 = None
 
     def prepacked() -> None:
+        bf16()
         for m, p in zip(linears, packed, strict=True):
             m.packed = p
+
+    def brgemm() -> None:
+        bf16()
+        for m, b in zip(linears, blocked, strict=True):
+            m.brgemm_packed = b
 
     def fp32() -> None:
         bf16()
@@ -98,6 +112,7 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
                 attention(True),
                 prepacked(),
             ),
+            "brgemm, decode kernel, compiled": lambda: (compiled(True), attention(True), brgemm()),
         }
     return {
         "bf16 GEMM": lambda: (compiled(False), attention(False), bf16()),

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wok_runtime import brgemm_linear
 from wok_runtime.model_config import Llama3RopeScaling, ModelConfig
 from wok_runtime.parallel import SINGLE, Parallel
 
@@ -85,14 +86,17 @@ class Linear(nn.Module):
     checkpoint, and drawing a random init for 135M parameters costs seconds at start-up.
 
     On a CPU a bfloat16 linear can run on its weight reordered once into oneDNN's blocked layout
-    (`pack`, on CPUs with AMX), or, without AMX, on fp32 copies for large steps
-    (`keep_fp32_copy`); bench/results/cpu_kernels.md measured both."""
+    (`pack`, on CPUs with AMX), or into brgemm's (`pack_for_brgemm`, under `--compile` on CPUs
+    with AMX), or, without AMX, on fp32 copies for large steps (`keep_fp32_copy`);
+    bench/results/cpu_kernels.md and cpu_linear_ops.md measured them."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None  # see pack
+        self.brgemm_packed: torch.Tensor | None = None  # see pack_for_brgemm
         self.weight32: torch.Tensor | None = None  # see keep_fp32_copy
         self.bias32: torch.Tensor | None = None
 
@@ -106,12 +110,25 @@ class Linear(nn.Module):
         if not keep_weight:
             self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
+    def pack_for_brgemm(self, *, keep_weight: bool = False) -> None:
+        """Moves the weight, plain or packed for oneDNN, into brgemm_linear's blocked layout
+        (`brgemm_linear.load()` first) and runs every step on it; one copy stays."""
+        plain = self.weight.detach() if self.packed is None else self.packed.to_dense()
+        self.brgemm_packed = brgemm_linear.pack(plain)
+        self.packed = None
+        if not keep_weight:
+            self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+
     def keep_fp32_copy(self) -> None:
         """Holds fp32 copies of the weights for steps of FP32_GEMM_MIN_ROWS rows or more."""
         self.weight32 = self.weight.float()
         self.bias32 = None if self.bias is None else self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.brgemm_packed is not None:
+            if torch.compiler.is_compiling():
+                return brgemm_linear.brgemm_op(x, self.brgemm_packed, self.bias)
+            return brgemm_linear.linear(x, self.brgemm_packed, self.bias)
         if self.packed is not None:
             if torch.compiler.is_compiling():
                 return packed_linear(x, self.packed, self.bias)
@@ -332,6 +349,14 @@ class Transformer(nn.Module):
         """Every linear's weight prepacked for oneDNN (`Linear.pack`)."""
         for linear in self.linears():
             linear.pack(keep_weight=linear.weight is self.embed_tokens.weight)
+
+    def pack_gemm_weights_for_brgemm(self) -> int:
+        """Every linear whose weight fits brgemm_linear's blocks runs on it
+        (`Linear.pack_for_brgemm`; `brgemm_linear.load()` first); returns how many do."""
+        fitting = [m for m in self.linears() if brgemm_linear.fits(m.out_features, m.in_features)]
+        for linear in fitting:
+            linear.pack_for_brgemm(keep_weight=linear.weight is self.embed_tokens.weight)
+        return len(fitting)
 
     def keep_fp32_gemm_weights(self) -> int:
         """fp32 copies of every linear's weights (`Linear.keep_fp32_copy`); returns their

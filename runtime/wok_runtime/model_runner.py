@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from wok_runtime import paged_decode
+from wok_runtime import brgemm_linear, paged_decode
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
@@ -325,8 +325,10 @@ class ModelRunner:
     def compile(self) -> bool:
         """Compiles the model's blocks (`Transformer.compile_blocks`: steps of COMPILED_MIN_ROWS
         rows or more) and runs one such step, so that no request waits for the compiler; on a
-        CPU also builds the decode attention kernel (paged_decode.py). Any failure leaves the
-        model eager, or attention on SDPA (logged). Returns whether the model runs compiled."""
+        CPU also builds the decode attention kernel (paged_decode.py) and, for bfloat16 on a CPU
+        with AMX, moves the linears onto brgemm (brgemm_linear.py). Any failure leaves the
+        model eager, attention on SDPA or the linears on oneDNN (logged). Returns whether the
+        model runs compiled."""
         most = min(self.num_blocks * self.block_size, self.max_model_len)
         if min(most, self.max_num_batched_tokens) < COMPILED_MIN_ROWS:
             log.info("no step reaches %d rows: the model runs eager", COMPILED_MIN_ROWS)
@@ -334,6 +336,9 @@ class ModelRunner:
         started = time.perf_counter()
         if self.device.type == "cpu" and self.config.head_dim in paged_decode.HEAD_DIMS:
             self.decode_kernel = paged_decode.load()
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and brgemm_linear.load():
+            count = self.model.pack_gemm_weights_for_brgemm()
+            log.info("%d of %d linears on brgemm", count, len(self.model.linears()))
         self.model.compile_blocks()
         n = COMPILED_MIN_ROWS  # one graph: every larger step shares it (dynamic shapes)
         try:

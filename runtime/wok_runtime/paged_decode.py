@@ -8,20 +8,17 @@ every key and value once, as vLLM's CPU attention does: one (sequence, KV head) 
 query heads that share the KV head together, a block's scores first and then one softmax
 rescale per block (online softmax), all in fp32.
 
-It is built with `torch.utils.cpp_extension` the first time it is asked for (tens of seconds,
-cached under ~/.cache/torch_extensions) and used only under `--compile`, which already needs a
-C++ toolchain; `load()` returns None, and attention stays on SDPA, if it cannot be built.
+It is built by `cpu_extension.build` and used only under `--compile`; `load()` returns None, and
+attention stays on SDPA, if it cannot be built.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 
 import torch
 
-log = logging.getLogger(__name__)
+from wok_runtime import cpu_extension
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -167,19 +164,7 @@ Kernel = Callable[
 
 def load() -> Kernel | None:
     """The kernel, built (or found in the cache) for this CPU; None if it cannot be built."""
-    from torch.utils.cpp_extension import load_inline
-
-    started = time.perf_counter()
-    try:
-        module = load_inline(
-            name="wok_paged_decode",
-            cpp_sources=[SOURCE],
-            functions=["paged_decode_attention"],
-            extra_cflags=["-O3", "-march=native", "-ffast-math"],
-            verbose=False,
-        )
-    except Exception:
-        log.warning("the paged decode attention kernel could not be built", exc_info=True)
-        return None
-    log.info("paged decode attention kernel ready in %.1f s", time.perf_counter() - started)
-    return module.paged_decode_attention
+    module = cpu_extension.build(
+        "wok_paged_decode", SOURCE, ["paged_decode_attention"], flags=("-ffast-math",)
+    )
+    return None if module is None else module.paged_decode_attention
