@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = (1, 8, 32)
+ROWS = (1, 8, 32, 128, 512)  # decode batches, then prefill chunks
 PASSES = 9  # passes timed per backend and rep; their median is the rep's figure
 Shape = tuple[int, int]  # (out_features, in_features)
 
