@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from cpu_kernels import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (1, 8, 32, 128, 512)  # decode batches, then prefill chunks
@@ -160,9 +161,7 @@ def main() -> int:
         "torch": torch.__version__,
         "results": results,
     }
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(render(report))
-    print(render(report), end="")
+    write_report(args.out, report, render(report))
     return 0
 
 
