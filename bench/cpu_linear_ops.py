@@ -66,7 +66,9 @@ def time_backend(backend: str, weights: list[torch.Tensor]) -> dict[str, float]:
         if backend == "F.linear":
             return lambda x: torch.nn.functional.linear(x, weight)
         if backend == "torch prepacked":
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+            from wok_runtime.model import PACKED_GEMM_ROWS
+
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_GEMM_ROWS)
             op = torch.ops.mkldnn._linear_pointwise.default
             return lambda x: op(x, packed, None, "none", [], "")
         if backend == "brgemm":

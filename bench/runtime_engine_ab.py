@@ -60,9 +60,10 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
     for mine, theirs in zip(linears, plain.linears(), strict=True):
         mine.weight = theirs.weight
     packed = [m.packed for m in linears]
+    brgemm_built = brgemm_linear.load()
     blocked = [
         brgemm_linear.pack(m.weight.detach())
-        if brgemm_linear.load() and brgemm_linear.fits(m.out_features, m.in_features)
+        if brgemm_built and brgemm_linear.fits(m.out_features, m.in_features)
         else None
         for m in linears
     ]
@@ -80,6 +81,7 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
         bf16()
         for m, b in zip(linears, blocked, strict=True):
             m.brgemm_packed = b
+            m.bias32 = None if m.bias is None else m.bias.float()
 
     def fp32() -> None:
         bf16()

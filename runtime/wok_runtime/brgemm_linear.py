@@ -85,6 +85,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, std::optional<torch:
   const int64_t M = x.size(0), K = x.size(1), BN = packed.size(2), N = packed.size(0) * BN;
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.size(1) * 2 == K);
   auto out = torch::empty({M, N}, x.options());
+  // The runtime passes an fp32 bias (Linear.bias32): then neither call allocates.
   torch::Tensor bias32 = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();
   const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
   const auto* xp = x.data_ptr<at::BFloat16>();

@@ -98,7 +98,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None  # see pack
         self.brgemm_packed: torch.Tensor | None = None  # see pack_for_brgemm
         self.weight32: torch.Tensor | None = None  # see keep_fp32_copy
-        self.bias32: torch.Tensor | None = None
+        self.bias32: torch.Tensor | None = None  # see keep_fp32_copy and pack_for_brgemm
 
     def pack(self, *, keep_weight: bool = False) -> None:
         """Reorders the weight once into oneDNN's blocked layout, which F.linear would redo on
@@ -115,6 +115,7 @@ class Linear(nn.Module):
         (`brgemm_linear.load()` first) and runs every step on it; one copy stays."""
         plain = self.weight.detach() if self.packed is None else self.packed.to_dense()
         self.brgemm_packed = brgemm_linear.pack(plain)
+        self.bias32 = None if self.bias is None else self.bias.float()  # added to the fp32 sums
         self.packed = None
         if not keep_weight:
             self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
@@ -127,8 +128,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.brgemm_packed is not None:
             if torch.compiler.is_compiling():
-                return brgemm_linear.brgemm_op(x, self.brgemm_packed, self.bias)
-            return brgemm_linear.linear(x, self.brgemm_packed, self.bias)
+                return brgemm_linear.brgemm_op(x, self.brgemm_packed, self.bias32)
+            return brgemm_linear.linear(x, self.brgemm_packed, self.bias32)
         if self.packed is not None:
             if torch.compiler.is_compiling():
                 return packed_linear(x, self.packed, self.bias)
@@ -348,15 +349,19 @@ class Transformer(nn.Module):
     def pack_gemm_weights(self) -> None:
         """Every linear's weight prepacked for oneDNN (`Linear.pack`)."""
         for linear in self.linears():
-            linear.pack(keep_weight=linear.weight is self.embed_tokens.weight)
+            linear.pack(keep_weight=self._is_tied(linear))
 
     def pack_gemm_weights_for_brgemm(self) -> int:
         """Every linear whose weight fits brgemm_linear's blocks runs on it
         (`Linear.pack_for_brgemm`; `brgemm_linear.load()` first); returns how many do."""
         fitting = [m for m in self.linears() if brgemm_linear.fits(m.out_features, m.in_features)]
         for linear in fitting:
-            linear.pack_for_brgemm(keep_weight=linear.weight is self.embed_tokens.weight)
+            linear.pack_for_brgemm(keep_weight=self._is_tied(linear))
         return len(fitting)
+
+    def _is_tied(self, linear: Linear) -> bool:
+        """Whether the linear's weight is the embedding's (a tied lm_head): packing keeps it."""
+        return linear.weight is self.embed_tokens.weight
 
     def keep_fp32_gemm_weights(self) -> int:
         """fp32 copies of every linear's weights (`Linear.keep_fp32_copy`); returns their
