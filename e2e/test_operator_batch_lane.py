@@ -145,7 +145,17 @@ def test_a_batch_job_drains_beside_online_traffic_and_scales_only_on_its_deadlin
         scaled = wait_for(
             lambda: (s := status(kc, ns)).get("replicas") == 2 and s, "scale-up for the batch", 60
         )
-        reason = scaled["lastDecision"]["reason"]
+
+        # The decision that scaled is its ReplicasChanged Event: a later tick may already have
+        # replaced lastDecision with a hold while the new pod starts.
+        def scale_up_event() -> str | None:
+            events = get_json(
+                kc, "events", "-n", ns, f"--field-selector=involvedObject.name={NAME}"
+            )["items"]
+            messages = [e["message"] for e in events if e["reason"] == "ReplicasChanged"]
+            return next((m for m in messages if "replicas 1→2" in m), None)
+
+        reason = wait_for(scale_up_event, "the scale-up's Event", 30)
         assert "replicas 1→2 for the batch lane" in reason, reason
         assert scaled["batchLane"]["neededReplicas"] >= 2
         deployment = get_json(kc, "deployment", f"{NAME}-runtime", "-n", ns)
