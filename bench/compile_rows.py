@@ -1,10 +1,11 @@
 """Eager against compiled, step by step, by the rows a step packs, on this CPU in bfloat16.
 
-Why: a compiled block half is one call into an inductor graph, whose guards and wrapper cost more
-than the kernels it fuses save on small steps. This finds the rows from which compiling pays,
-the threshold `model.COMPILED_MIN_ROWS`: decode steps of 1 to 64 sequences at position 160 and
-single prefills of 64 to 512 tokens, each on an eager runner and on one compiled for every step
-(the threshold set to one row), interleaved, medians; one intra-op thread, as the server runs.
+Why: `--compile` runs every step as one inductor graph (step_graph.py), the linears on brgemm
+and decode attention on its kernel. This says what the graph adds to the kernels at each step
+size, and what `--compile` as a whole adds to the eager runtime: decode steps of 1 to 64
+sequences at position 160 and single prefills of 64 to 512 tokens, on an eager runner and on a
+compiled one run with and without its step graph, interleaved, medians; one intra-op thread, as
+the server runs.
 
     .venv/bin/python bench/compile_rows.py   # writes bench/results/compile_rows.{md,json}
 """
@@ -24,10 +25,12 @@ import torch
 from cpu_kernels import write_report
 from runtime_step import decode_step
 
-from wok_runtime import model
 from wok_runtime.model_runner import ModelRunner, StepInput
 
 ROOT = Path(__file__).resolve().parents[1]
+#: eager: the runtime without --compile; kernels: --compile's kernels, steps eager; graph: all of
+#: --compile, every step one graph.
+MODES = ("eager", "kernels", "graph")
 
 
 def steps(runner: ModelRunner, batches: list[int], prefills: list[int]) -> dict[str, Any]:
@@ -47,17 +50,26 @@ def run_model(name: str, batches: list[int], prefills: list[int], iters: int) ->
             compile=compile,
         )
 
-    model.COMPILED_MIN_ROWS = 1  # every step on the compiled graphs
-    runners = {"eager": runner(False), "compiled": runner(True)}
+    eager, compiled = runner(False), runner(True)
+    graph = compiled.step_graph
+    assert graph is not None, "the model did not compile"
+
+    def run(mode: str, step: list[StepInput]) -> None:
+        if mode == "eager":
+            eager.forward(step)
+            return
+        compiled.step_graph = graph if mode == "graph" else None
+        compiled.forward(step)
+
     rows = {}
-    for label, step in steps(runners["eager"], batches, prefills).items():
-        times: dict[str, list[float]] = {mode: [] for mode in runners}
-        for r in runners.values():
-            r.forward(step)  # warm-up (and any recompile for this shape)
+    for label, step in steps(eager, batches, prefills).items():
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for mode in MODES:
+            run(mode, step)  # warm-up
         for _ in range(iters):
-            for mode, r in runners.items():
+            for mode in MODES:
                 started = time.perf_counter()
-                r.forward(step)
+                run(mode, step)
                 times[mode].append(time.perf_counter() - started)
         medians = {mode: statistics.median(t) for mode, t in times.items()}
         rows[label] = medians
@@ -71,17 +83,21 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Produced by `{report['command']}` on {report['when']} (torch {report['torch']}, one "
         f"intra-op thread, a 2-CPU machine shared with other work); {report['iters']} "
-        "interleaved runs of each step on each runner, medians. Decode steps at position 160. "
-        "speed-up = eager ms / compiled ms (> 1: compiling pays).",
+        "interleaved runs of each step in each mode, medians. Decode steps at position 160. "
+        "Modes: eager, the runtime without `--compile` (oneDNN's prepacked linears, SDPA); "
+        "kernels, `--compile`'s linears on brgemm and decode attention kernel with the step run "
+        "op by op; graph, all of `--compile`, the step one compiled graph. Speed-ups are the "
+        "ratios of the medians (> 1: the second is faster).",
         "",
-        "| model | step | eager ms | compiled ms | speed-up |",
-        "|---|---|---|---|---|",
+        "| model | step | eager ms | kernels ms | graph ms | graph / kernels | graph / eager |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, rows in report["models"].items():
         for label, t in rows.items():
             lines.append(
-                f"| {name} | {label} | {t['eager'] * 1e3:.2f} | {t['compiled'] * 1e3:.2f} | "
-                f"{t['eager'] / t['compiled']:.2f}× |"
+                f"| {name} | {label} | {t['eager'] * 1e3:.2f} | {t['kernels'] * 1e3:.2f} | "
+                f"{t['graph'] * 1e3:.2f} | {t['kernels'] / t['graph']:.2f}× | "
+                f"{t['eager'] / t['graph']:.2f}× |"
             )
     return "\n".join(lines) + "\n"
 

@@ -15,8 +15,9 @@ Variants:
                    sets up for bfloat16 on a CPU without AMX; N = model.FP32_GEMM_MIN_ROWS) —
                    on CPUs without AMX
   …, decode kernel decode attention over the paged blocks in place (paged_decode.py)
-  …, compiled      and each block's halves around attention compiled (`compile_blocks`,
-                   inductor), warmed up before the timed runs
+  …, compiled      and the whole step one compiled graph (step_graph.py, inductor), warmed
+                   up before the timed runs; a compiled step's linears never take the fp32
+                   copies (its rows are unknown to the graph)
   brgemm, …        every linear on torch's AMX micro-kernel, its weight in brgemm's blocked
                    layout (brgemm_linear.py) — on CPUs with AMX; with the decode kernel and
                    compiled, what `--compile` sets up there
@@ -46,6 +47,7 @@ from wok_runtime.engine import EngineConfig
 from wok_runtime.loader import load_model, resolve_source
 from wok_runtime.model import FP32_GEMM_MIN_ROWS
 from wok_runtime.model_runner import ModelRunner
+from wok_runtime.step_graph import StepGraph
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("output_tokens_per_s", "tpot_p50_s", "ttft_p50_s")
@@ -88,16 +90,11 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
         for m in linears:
             m.keep_fp32_copy()
 
-    # Compiled once; switching puts these very wrappers back, so no run compiles again.
-    runner.model.compile_blocks()
-    halves = ("before_attention", "after_attention")
-    wrappers = [{name: vars(block)[name] for name in halves} for block in runner.model.layers]
+    # One step graph: the warm-up compiles it once per linear variant (a guard on the layout).
+    graph = StepGraph(runner.model)
 
     def compiled(enabled: bool) -> None:
-        runner.model.compile_blocks(False)
-        if enabled:
-            for block, methods in zip(runner.model.layers, wrappers, strict=True):
-                vars(block).update(methods)
+        runner.step_graph = graph if enabled else None
 
     kernel = paged_decode.load()
 
@@ -119,11 +116,12 @@ def gemm_variants(runner: ModelRunner) -> dict[str, Callable[[], None]]:
     return {
         "bf16 GEMM": lambda: (compiled(False), attention(False), bf16()),
         f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}": lambda: (compiled(False), attention(False), fp32()),
-        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}, decode kernel, compiled": lambda: (
-            compiled(True),
+        f"fp32 GEMM ≥ {FP32_GEMM_MIN_ROWS}, decode kernel": lambda: (
+            compiled(False),
             attention(True),
             fp32(),
         ),
+        "bf16 GEMM, decode kernel, compiled": lambda: (compiled(True), attention(True), bf16()),
     }
 
 

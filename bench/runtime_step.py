@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from wok_runtime import brgemm_linear
-from wok_runtime.model import COMPILED_MIN_ROWS, Linear
+from wok_runtime.model import Linear
 from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.sampler import Sampler
 from wok_runtime.sampling_params import SamplingParams
@@ -41,6 +42,7 @@ GROUPS = {
     "attention: KV writes": ("aten::index_copy_",),
     "attention: block gathers": ("aten::index_select",),
     "attention: SDPA": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
+    "attention: decode kernel": ("wok::paged_decode",),
     # RMSNorm's reduction (its casts and products count among the other operators).
     "norms: pow, mean, rsqrt": ("aten::pow", "aten::mean", "aten::sum", "aten::rsqrt"),
 }
@@ -78,20 +80,30 @@ def side_by_side(
 
 
 def without_gemms(runner: ModelRunner, step: list[StepInput], iters: int) -> float:
-    """The step's median seconds with every linear's output replayed from a first real run."""
-    real = Linear.forward
-    outputs: dict[int, torch.Tensor] = {}
+    """The step's median seconds with every linear's output replayed from a first real run:
+    eager through `Linear.forward`, in the compiled step through brgemm's op, which calls
+    `brgemm_linear.linear` (keyed by its packed weight)."""
+    real_forward, real_brgemm = Linear.forward, brgemm_linear.linear
+    outputs: dict[tuple[int, int], torch.Tensor] = {}
 
-    def replay(linear: Linear, x: torch.Tensor) -> torch.Tensor:
-        if id(linear) not in outputs:
-            outputs[id(linear)] = real(linear, x)
-        return outputs[id(linear)]
+    def replay(key: tuple[int, int], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if key not in outputs:
+            outputs[key] = compute()
+        return outputs[key]
 
-    Linear.forward = replay  # type: ignore[method-assign]
+    def forward(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+        return replay((id(linear), x.shape[0]), lambda: real_forward(linear, x))
+
+    def brgemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return replay((id(packed), x.shape[0]), lambda: real_brgemm(x, packed, bias))
+
+    Linear.forward = forward  # type: ignore[method-assign]
+    brgemm_linear.linear = brgemm
     try:
         return side_by_side({"replayed": runner}, step, [1], iters)["replayed, 1 thread"]
     finally:
-        Linear.forward = real  # type: ignore[method-assign]
+        Linear.forward = real_forward  # type: ignore[method-assign]
+        brgemm_linear.linear = real_brgemm
 
 
 def op_groups(runner: ModelRunner, step: list[StepInput], iters: int) -> dict[str, float]:
@@ -99,13 +111,20 @@ def op_groups(runner: ModelRunner, step: list[StepInput], iters: int) -> dict[st
     torch.set_num_threads(1)
     sampler, params = Sampler(), SamplingParams(temperature=0.0)
     requests = [(str(i), params) for i in range(len(step))]
-    unnamed = brgemm_linear.linear  # eager, a plain C++ call the profiler does not see: named here
+    # The kernels are plain C++ calls that the profiler does not see: named here.
+    unnamed_linear, unnamed_decode = brgemm_linear.linear, runner.decode_kernel
 
-    def named(*args: torch.Tensor | None) -> torch.Tensor:
+    def named_linear(*args: torch.Tensor | None) -> torch.Tensor:
         with record_function("wok::brgemm_linear"):
-            return unnamed(*args)
+            return unnamed_linear(*args)
 
-    brgemm_linear.linear = named
+    def named_decode(*args: Any) -> torch.Tensor:
+        with record_function("wok::paged_decode"):
+            return unnamed_decode(*args)  # type: ignore[misc]
+
+    brgemm_linear.linear = named_linear
+    if unnamed_decode is not None:
+        runner.decode_kernel = named_decode
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()
@@ -113,7 +132,7 @@ def op_groups(runner: ModelRunner, step: list[StepInput], iters: int) -> dict[st
                 sampler.sample(runner.forward(step), requests)
             wall = (time.perf_counter() - started) * 1e6
     finally:
-        brgemm_linear.linear = unnamed
+        brgemm_linear.linear, runner.decode_kernel = unnamed_linear, unnamed_decode
     groups: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         group = next((g for g, names in GROUPS.items() if event.key in names), "other operators")
@@ -155,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         steps[key] = mixed_step(runner, mixed, args.position, args.mixed)
         for label, step in steps.items():
             seconds[label] = side_by_side({"1 thread": runner}, step, [1], args.iters)
-            rows = sum(len(x.token_ids) for x in step)
-            # A compiled graph keeps the linears it traced: replaying them needs an eager step.
-            eager = not args.compile or rows < COMPILED_MIN_ROWS
-            rest[label] = without_gemms(runner, step, args.iters) if eager else None
+            rest[label] = without_gemms(runner, step, args.iters)
             shares[label] = op_groups(runner, step, max(2, args.iters // 2))
             print(f"{name} {label}: {seconds[label]} {shares[label]}", file=sys.stderr)
         report["models"][name] = {
@@ -177,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "a mixed step (decodes and one prefill from position 0); "
         f"medians of {args.iters} interleaved runs. The profile shares are of the step's wall "
         "time on one thread, the sampler's greedy pick included; with `--compile`, the fused "
-        "kernels count among the other operators.",
+        "kernels and the Python of the attention op (`wok::attention`) count among the other "
+        "operators.",
     ]
     for name, model in report["models"].items():
         lines += ["", f"## builtin:{name}", "", "| threads, batch of "

@@ -20,8 +20,7 @@ and MLP columns, and sums the partial outputs of `o_proj` and `down_proj` across
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -64,21 +63,6 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 @packed_linear.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], packed.shape[0])
-
-
-#: Steps of fewer rows run eager in a compiled model: below this a compiled graph's call costs
-#: more than its fused kernels save (decode steps of 1 to 32 sequences ran 0.84–1.00× as fast
-#: compiled; prefills of 128 to 512 tokens 0.99–1.18×; bench/results/compile_rows.md).
-COMPILED_MIN_ROWS = 128
-
-
-def _by_rows(eager: Callable[..., Any], compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """`compiled` for steps of COMPILED_MIN_ROWS rows or more, `eager` for the others."""
-
-    def run(x: torch.Tensor, *args: torch.Tensor) -> Any:
-        return (compiled if x.shape[0] >= COMPILED_MIN_ROWS else eager)(x, *args)
-
-    return run
 
 
 class Linear(nn.Module):
@@ -135,7 +119,9 @@ class Linear(nn.Module):
                 return packed_linear(x, self.packed, self.bias)
             # Eager, the oneDNN op itself: a custom op's dispatch costs about as much again.
             return _PACKED_LINEAR(x, self.packed, self.bias, "none", [], "")
-        if self.weight32 is not None and x.shape[0] >= FP32_GEMM_MIN_ROWS:
+        # A compiled step's rows are unknown to its graph (step_graph.py): it keeps bf16.
+        compiling = torch.compiler.is_compiling()
+        if self.weight32 is not None and not compiling and x.shape[0] >= FP32_GEMM_MIN_ROWS:
             # bf16 inputs and weights are exact in fp32: the same fp32 sums as the bf16 GEMM's,
             # rounded once to x's dtype.
             return F.linear(x.float(), self.weight32, self.bias32).to(x.dtype)
@@ -284,18 +270,7 @@ class Block(nn.Module):
         sin: torch.Tensor,
         attention: AttentionBackend,
     ) -> torch.Tensor:
-        q, k, v = self.before_attention(x, cos, sin)
-        return self.after_attention(x, attention(self.self_attn.layer, q, k, v))
-
-    # The two halves around attention hold every op but attention's; `compile_blocks` compiles
-    # them (attention's per-step Python planning stays eager, as vLLM splits its graph there).
-    def before_attention(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.self_attn.project(self.input_layernorm(x), cos, sin)
-
-    def after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.output(attended)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -328,20 +303,6 @@ class Transformer(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin, attention)
         return x
-
-    def compile_blocks(self, enabled: bool = True) -> None:
-        """Compiles every block's two halves around attention (inductor: norms, RoPE, SiLU and
-        residuals fused; the graphs are shared by all layers and every step of
-        COMPILED_MIN_ROWS rows or more; smaller steps run eager). Attention stays eager: its
-        per-step Python planning would recompile on every batch shape. `enabled=False` puts the
-        eager methods back."""
-        for block in self.layers:
-            for name in ("before_attention", "after_attention"):
-                vars(block).pop(name, None)  # the class's method again
-                if enabled:
-                    eager = getattr(block, name)
-                    compiled = torch.compile(eager, dynamic=True)
-                    setattr(block, name, _by_rows(eager, compiled))
 
     def linears(self) -> list[Linear]:
         return [m for m in self.modules() if isinstance(m, Linear)]

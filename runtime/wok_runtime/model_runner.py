@@ -32,7 +32,7 @@ from wok_runtime import brgemm_linear, paged_decode
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
-from wok_runtime.model import COMPILED_MIN_ROWS, FP32_GEMM_MIN_ROWS, Transformer
+from wok_runtime.model import FP32_GEMM_MIN_ROWS, Transformer
 from wok_runtime.model_config import ModelConfig
 from wok_runtime.parallel import (
     Parallel,
@@ -43,6 +43,7 @@ from wok_runtime.parallel import (
     rank_device,
     spawn_workers,
 )
+from wok_runtime.step_graph import StepGraph
 from wok_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,9 @@ class _StepPlan:
     input_ids: torch.Tensor  # (T,)
     positions: torch.Tensor  # (T,)
     slots: torch.Tensor  # (T,) where each token's K/V is written
+    last_rows: torch.Tensor  # (len(inputs),) row of each input's last token
     decodes: list[_DecodeGroup] = field(default_factory=list)  # rows [0, num_decode)
     prefills: list[_Prefill] = field(default_factory=list)  # the rows after them
-    last_rows: torch.Tensor | None = None  # (len(inputs),) row of each input's last token
 
 
 class _PagedAttention:
@@ -197,6 +198,8 @@ class ModelRunner:
         # Decode attention over the blocks in place (paged_decode.py), built by `compile` on a
         # CPU; None: gathers and SDPA.
         self.decode_kernel: paged_decode.Kernel | None = None
+        # The whole step as one compiled graph (step_graph.py), made by `compile`; None: eager.
+        self.step_graph: StepGraph | None = None
 
     @classmethod
     def from_source(
@@ -323,29 +326,23 @@ class ModelRunner:
         return runner
 
     def compile(self) -> bool:
-        """Compiles the model's blocks (`Transformer.compile_blocks`: steps of COMPILED_MIN_ROWS
-        rows or more) and runs one such step, so that no request waits for the compiler; on a
-        CPU also builds the decode attention kernel (paged_decode.py) and, for bfloat16 on a CPU
-        with AMX, moves the linears onto brgemm (brgemm_linear.py). Any failure leaves the
-        model eager, attention on SDPA or the linears on oneDNN (logged). Returns whether the
-        model runs compiled."""
-        most = min(self.num_blocks * self.block_size, self.max_model_len)
-        if min(most, self.max_num_batched_tokens) < COMPILED_MIN_ROWS:
-            log.info("no step reaches %d rows: the model runs eager", COMPILED_MIN_ROWS)
-            return False
+        """Compiles the whole step into one graph (step_graph.py) and runs one step, so that no
+        request waits for the compiler; on a CPU also builds the decode attention kernel
+        (paged_decode.py) and, for bfloat16 on a CPU with AMX, moves the linears onto brgemm
+        (brgemm_linear.py). Any failure leaves the model eager, attention on SDPA or the
+        linears on oneDNN (logged). Returns whether the model runs compiled."""
         started = time.perf_counter()
         if self.device.type == "cpu" and self.config.head_dim in paged_decode.HEAD_DIMS:
             self.decode_kernel = paged_decode.load()
         if self.device.type == "cpu" and self.dtype == torch.bfloat16 and brgemm_linear.load():
             count = self.model.pack_gemm_weights_for_brgemm()
             log.info("%d of %d linears on brgemm", count, len(self.model.linears()))
-        self.model.compile_blocks()
-        n = COMPILED_MIN_ROWS  # one graph: every larger step shares it (dynamic shapes)
+        self.step_graph = StepGraph(self.model)
         try:
-            self.forward([StepInput([0] * n, 0, list(range(-(-n // self.block_size))))])
+            self.forward([StepInput([0], 0, [0])])  # one graph serves every step's shape
         except Exception:
             log.warning("compiling the model failed; it runs eager", exc_info=True)
-            self.model.compile_blocks(False)
+            self.step_graph = None
             return False
         finally:
             self.k_blocks.zero_()  # the warm-up's K/V (see __init__: no garbage in the pool)
@@ -366,6 +363,9 @@ class ModelRunner:
             if dead:
                 raise RuntimeError(f"a tensor-parallel rank exited (exit code {dead[0]})")
             broadcast_step(inputs)
+        if self.step_graph is not None:
+            attention = _PagedAttention(self, plan)
+            return self.step_graph(plan.input_ids, plan.positions, plan.last_rows, attention)
         return self.model.logits(self._run(plan))  # (len(inputs), vocab)
 
     @torch.inference_mode()

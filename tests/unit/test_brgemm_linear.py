@@ -81,8 +81,8 @@ def test_a_linear_moves_onto_brgemm_from_either_layout(built: bool) -> None:
 
 def test_a_compiled_bf16_runner_runs_its_linears_on_brgemm(built: bool) -> None:
     """`--compile` on a CPU with AMX moves every linear of builtin:tiny onto brgemm; a prefill of
-    128 rows (the compiled graph, where the kernel is a custom op) and a decode step (eager) give
-    the plain bf16 model's logits."""
+    128 rows and a decode step (the compiled step, where the kernel is a custom op) give the
+    plain bf16 model's logits."""
     runner = ModelRunner.from_source(
         "builtin:tiny", kv_cache_bytes=1 << 22, dtype="bfloat16", block_size=16, compile=True
     )

@@ -20,7 +20,6 @@ from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
 from wok_runtime.loader import load_model
 from wok_runtime.model import (
-    COMPILED_MIN_ROWS,
     FP32_GEMM_MIN_ROWS,
     CausalAttention,
     Linear,
@@ -186,12 +185,14 @@ def test_tied_small_matches_transformers(tied_dir: Path) -> None:
 
 
 def test_the_compiled_tiny_matches_transformers(tiny_dir: Path) -> None:
-    """Inductor's graphs (the first step packs more than COMPILED_MIN_ROWS rows), the eager
-    steps between them (chunks, decodes of one and of several) and the decode attention kernel
-    compute what Hugging Face does, greedy token for greedy token."""
-    lengths = [COMPILED_MIN_ROWS, 1, 30, 7]
-    runner = check_against_hf(tiny_dir, lengths=lengths, steps=24, chunk=5, compile=True)
+    """The whole step as one graph (prefills, chunks, decodes of one and of several, mixed) and
+    the decode attention kernel compute what Hugging Face does, greedy token for greedy token;
+    every step's shape runs on the one graph compiled at start."""
+    torch._dynamo.reset()
+    runner = check_against_hf(tiny_dir, lengths=[40, 1, 30, 7], steps=24, chunk=5, compile=True)
     assert runner.decode_kernel is not None  # the decodes ran on paged_decode's kernel
+    assert runner.step_graph is not None
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 def test_a_model_that_fails_to_compile_runs_eager(
@@ -206,7 +207,7 @@ def test_a_model_that_fails_to_compile_runs_eager(
     monkeypatch.setattr(torch, "compile", fake_compile)
     runner = runner_for(tiny_dir)
     assert not runner.compile()
-    assert not any("before_attention" in vars(block) for block in runner.model.layers)
+    assert runner.step_graph is None
     ids = prompts(runner.config.vocab_size, [5])[0]
     assert runner.forward([StepInput(ids, 0, [0, 1])]).isfinite().all()
 
