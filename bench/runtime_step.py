@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from wok_runtime import brgemm_linear
+from wok_runtime import brgemm_linear, paged_decode
 from wok_runtime.model import Linear
 from wok_runtime.model_runner import ModelRunner, StepInput
 from wok_runtime.sampler import Sampler
@@ -39,7 +39,7 @@ from wok_runtime.sampling_params import SamplingParams
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {
     "linear layers": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "wok::brgemm_linear"),
-    "attention: KV writes": ("aten::index_copy_",),
+    "attention: KV writes": ("aten::index_copy_", "wok::write_kv"),
     "attention: block gathers": ("aten::index_select",),
     "attention: SDPA": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
     "attention: decode kernel": ("wok::paged_decode",),
@@ -114,17 +114,19 @@ def op_groups(runner: ModelRunner, step: list[StepInput], iters: int) -> dict[st
     # The kernels are plain C++ calls that the profiler does not see: named here.
     unnamed_linear, unnamed_decode = brgemm_linear.linear, runner.decode_kernel
 
-    def named_linear(*args: torch.Tensor | None) -> torch.Tensor:
-        with record_function("wok::brgemm_linear"):
-            return unnamed_linear(*args)
+    def named(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            with record_function(name):
+                return kernel(*args)
 
-    def named_decode(*args: Any) -> torch.Tensor:
-        with record_function("wok::paged_decode"):
-            return unnamed_decode(*args)  # type: ignore[misc]
+        return run
 
-    brgemm_linear.linear = named_linear
+    brgemm_linear.linear = named("wok::brgemm_linear", unnamed_linear)
     if unnamed_decode is not None:
-        runner.decode_kernel = named_decode
+        runner.decode_kernel = paged_decode.Kernel(
+            named("wok::paged_decode", unnamed_decode.attend),
+            named("wok::write_kv", unnamed_decode.write_kv),
+        )
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()

@@ -104,17 +104,20 @@ class _PagedAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         plan = self.plan
-        self.k_slots[layer].index_copy_(1, plan.slots, k.transpose(0, 1))  # k: (T, KVH, hd)
-        self.v_slots[layer].index_copy_(1, plan.slots, v.transpose(0, 1))
         k_blocks, v_blocks = self.k_blocks[layer], self.v_blocks[layer]  # (KVH, blocks, bs, hd)
+        if self.kernel is not None:
+            self.kernel.write_kv(k, v, plan.slots, k_blocks, v_blocks)
+        else:
+            self.k_slots[layer].index_copy_(1, plan.slots, k.transpose(0, 1))  # k: (T, KVH, hd)
+            self.v_slots[layer].index_copy_(1, plan.slots, v.transpose(0, 1))
         _, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         parts: list[torch.Tensor] = []
         for group in plan.decodes:
             B = group.end - group.start
             if self.kernel is not None:
-                out = self.kernel(
-                    q[group.start : group.end].contiguous(),  # (B, H, hd)
+                out = self.kernel.attend(
+                    q[group.start : group.end],  # (B, H, hd)
                     k_blocks,
                     v_blocks,
                     group.blocks.view(B, -1),  # (B, n_blocks)

@@ -15,6 +15,7 @@ attention stays on SDPA, if it cannot be built.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -44,7 +45,7 @@ inline float to_float(c10::BFloat16 x) {
 // infinities, and lets expf vectorise) holds; exp(kNoScore - score) is 0.
 constexpr float kNoScore = -3.0e38f;
 
-// q (B, H, D); k_blocks, v_blocks (KVH, NB, BS, D); block_tables (B, MB) int64;
+// q (B, H, D), rows of D contiguous; k_blocks, v_blocks (KVH, NB, BS, D); block_tables (B, MB);
 // lengths (B,) int64 -> (B, H, D). Query head h reads KV head h / (H / KVH). D is a template
 // argument so that every loop over it has a known trip count and vectorises.
 template <typename T, int D>
@@ -53,7 +54,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_blocks, const torch::
             torch::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1);
   const int64_t KVH = k_blocks.size(0), NB = k_blocks.size(1), BS = k_blocks.size(2);
-  const int64_t G = H / KVH, MB = block_tables.size(1);
+  const int64_t G = H / KVH, MB = block_tables.size(1), q_row = q.stride(0), q_head = q.stride(1);
   const T* qp = q.data_ptr<T>();
   const T* kp = k_blocks.data_ptr<T>();
   const T* vp = v_blocks.data_ptr<T>();
@@ -69,7 +70,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_blocks, const torch::
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / KVH, kvh = item % KVH;
       for (int64_t g = 0; g < G; ++g) {
-        const T* qrow = qp + (b * H + kvh * G + g) * D;
+        const T* qrow = qp + b * q_row + (kvh * G + g) * q_head;
         for (int d = 0; d < D; ++d) qf[g * D + d] = to_float(qrow[d]) * scale;
       }
       std::fill(acc, acc + G * D, 0.f);
@@ -135,9 +136,9 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_blocks, const torch::
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_blocks,
                                      torch::Tensor v_blocks, torch::Tensor block_tables,
                                      torch::Tensor lengths, double scale) {
-  TORCH_CHECK(q.is_contiguous() && k_blocks.is_contiguous() && v_blocks.is_contiguous());
+  TORCH_CHECK(q.stride(2) == 1 && k_blocks.is_contiguous() && v_blocks.is_contiguous());
   TORCH_CHECK(block_tables.is_contiguous() && lengths.is_contiguous());
-  auto out = torch::empty_like(q);
+  auto out = torch::empty(q.sizes(), q.options());
   const int64_t D = q.size(2);
   TORCH_CHECK(D == 32 || D == 64 || D == 128, "head_dim must be 32, 64 or 128, got ", D);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
@@ -151,20 +152,55 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_blocks,
   });
   return out;
 }
+
+// k, v (T, KVH, D), rows of D contiguous, into the slots (T,) of k_blocks, v_blocks
+// (KVH, NB, BS, D): slot s of head h is row h * NB * BS + s. One memcpy a row: index_copy_
+// through a transposed view walks them element by element.
+void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor slots, torch::Tensor k_blocks,
+              torch::Tensor v_blocks) {
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && slots.is_contiguous());
+  TORCH_CHECK(k_blocks.is_contiguous() && v_blocks.is_contiguous());
+  TORCH_CHECK(k.scalar_type() == k_blocks.scalar_type());
+  TORCH_CHECK(v.scalar_type() == v_blocks.scalar_type());
+  const int64_t T = k.size(0), KVH = k.size(1), D = k.size(2);
+  const int64_t S = k_blocks.size(1) * k_blocks.size(2), bytes = D * k.element_size();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  auto copy = [&](const torch::Tensor& src, torch::Tensor& dst) {
+    const char* from = static_cast<const char*>(src.data_ptr());
+    char* to = static_cast<char*>(dst.data_ptr());
+    const int64_t row = src.stride(0) * src.element_size();
+    const int64_t head = src.stride(1) * src.element_size();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < KVH; ++h)
+        std::memcpy(to + (h * S + sp[t]) * bytes, from + t * row + h * head, bytes);
+  };
+  copy(k, k_blocks);
+  copy(v, v_blocks);
+}
 """
 
 #: The head sizes the kernel is built for (compile-time loop bounds); others stay on SDPA.
 HEAD_DIMS = (32, 64, 128)
 
-#: q, k_blocks, v_blocks, block_tables, lengths, scale -> out; see SOURCE.
-Kernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
-]
+
+@dataclass(frozen=True)
+class Kernel:
+    """The built functions; see SOURCE."""
+
+    #: q, k_blocks, v_blocks, block_tables, lengths, scale -> out
+    attend: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+    ]
+    #: k, v, slots, k_blocks, v_blocks: the step's K/V written into their slots
+    write_kv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def load() -> Kernel | None:
     """The kernel, built (or found in the cache) for this CPU; None if it cannot be built."""
     module = cpu_extension.build(
-        "wok_paged_decode", SOURCE, ["paged_decode_attention"], flags=("-ffast-math",)
+        "wok_paged_decode",
+        SOURCE,
+        ["paged_decode_attention", "write_kv"],
+        flags=("-ffast-math",),
     )
-    return None if module is None else module.paged_decode_attention
+    return None if module is None else Kernel(module.paged_decode_attention, module.write_kv)

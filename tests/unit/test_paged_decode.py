@@ -69,8 +69,30 @@ def test_the_kernel_matches_sdpa_over_each_sequence(
     width = -(-max(lengths) // BLOCK)
     order = torch.randperm(n_blocks).tolist()
     tables = [order[i * width : (i + 1) * width] for i in range(len(lengths))]
-    q = torch.randn(len(lengths), heads, head_dim).to(dtype)
-    got = kernel(q, k_blocks, v_blocks, torch.tensor(tables), torch.tensor(lengths), head_dim**-0.5)
+    # q as the model hands it over: the query heads of a packed (T, H + 2 * KVH, hd) projection.
+    qkv = torch.randn(len(lengths), heads + 2 * kv_heads, head_dim).to(dtype)
+    q = qkv[:, :heads]
+    tables_t, lengths_t = torch.tensor(tables), torch.tensor(lengths)
+    got = kernel.attend(q, k_blocks, v_blocks, tables_t, lengths_t, head_dim**-0.5)
     want = reference(q, k_blocks, v_blocks, tables, lengths)
-    assert got.dtype == dtype
+    assert got.dtype == dtype and got.shape == q.shape
     torch.testing.assert_close(got.float(), want, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_puts_each_row_where_index_copy_does(
+    kernel: paged_decode.Kernel, dtype: torch.dtype
+) -> None:
+    torch.manual_seed(1)
+    kv_heads, n_blocks, head_dim, heads = 3, 10, 64, 9
+    k_blocks = torch.zeros(kv_heads, n_blocks, BLOCK, head_dim, dtype=dtype)
+    v_blocks = torch.zeros_like(k_blocks)
+    qkv = torch.randn(5, heads + 2 * kv_heads, head_dim).to(dtype)  # k, v: strided views
+    k, v = qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    slots = torch.tensor([0, 17, BLOCK * n_blocks - 1, 42, 5])
+    kernel.write_kv(k, v, slots, k_blocks, v_blocks)
+    want_k, want_v = torch.zeros_like(k_blocks), torch.zeros_like(v_blocks)
+    flat = (kv_heads, n_blocks * BLOCK, head_dim)
+    want_k.view(flat).index_copy_(1, slots, k.transpose(0, 1))
+    want_v.view(flat).index_copy_(1, slots, v.transpose(0, 1))
+    assert torch.equal(k_blocks, want_k) and torch.equal(v_blocks, want_v)
