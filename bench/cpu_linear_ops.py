@@ -40,7 +40,7 @@ import torch
 from cpu_kernels import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = (1, 8, 32, 128, 512)  # decode batches, then prefill chunks
+ROWS = (1, 8, 32, 128, 512, 2048)  # decode batches, then prefill chunks (2048: a full step)
 PASSES = 9  # passes timed per backend and rep; their median is the rep's figure
 Shape = tuple[int, int]  # (out_features, in_features)
 
