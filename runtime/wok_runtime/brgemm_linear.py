@@ -36,7 +36,7 @@ SOURCE = r"""
 #include <optional>
 
 constexpr int64_t kBlockM = 128;  // input rows per brgemm call: its fp32 sums stay in L1/L2
-constexpr int64_t kGroupN = 4;  // output blocks per pass over the rows (2, 8, 16 measured slower)
+constexpr int64_t kGroupN = 4;  // output blocks per pass over the rows: their weights fit L2
 
 // weight (N, K) -> (N / block_n, K / 2, block_n, 2): each block of outputs is its W^T in
 // brgemm's VNNI layout.
