@@ -3,7 +3,7 @@
 Why: at decode sizes most of a step that is not GEMMs is the cost of calling small operators
 (norms, RoPE, SiLU, residuals) one by one from Python. Compiling each block's two halves around
 attention fused them, but made 60 compiled calls a step, whose guards and wrappers cost what the
-fusion saved under 128 rows (bench/results/compile_rows.md). vLLM compiles the whole model
+fusion saved under 128 rows, so small steps ran eager. vLLM compiles the whole model
 instead and leaves attention to a custom op; so does this: the step from token ids to the
 logits of each input's last token is one graph, and each layer's attention is `wok::attention`,
 which inductor calls as it is and which runs the step's attention backend (the paged KV,
