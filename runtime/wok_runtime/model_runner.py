@@ -198,8 +198,8 @@ class ModelRunner:
         self._k_slots = self.k_blocks.view(flat)  # (layers, KVH, num_slots, hd)
         self._v_slots = self.v_blocks.view(flat)
         self._pin = self.device.type == "cuda"
-        # Decode attention over the blocks in place (paged_decode.py), built by `compile` on a
-        # CPU; None: gathers and SDPA.
+        # Decode attention over the blocks in place and the step's K/V writes (paged_decode.py),
+        # built by `compile` on a CPU; None: index_copy_, gathers and SDPA.
         self.decode_kernel: paged_decode.Kernel | None = None
         # The whole step as one compiled graph (step_graph.py), made by `compile`; None: eager.
         self.step_graph: StepGraph | None = None
