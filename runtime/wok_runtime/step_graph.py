@@ -50,8 +50,11 @@ class StepGraph:
         self.model = model
         # Rounded where eager rounds (bf16 after each op, not once per fused kernel): the
         # compiled step gives the eager step's tokens, not ones that differ at near-ties.
+        # Static but for the sizes __call__ marks (dynamic=False also stops a second model in
+        # the process from making the first one's weight sizes dynamic): with the weights'
+        # sizes dynamic, inductor's code named a size it never bound.
         options = {"emulate_precision_casts": True}
-        self._compiled = torch.compile(self._step, dynamic=True, fullgraph=True, options=options)
+        self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, options=options)
 
     def _step(
         self, input_ids: torch.Tensor, positions: torch.Tensor, last_rows: torch.Tensor

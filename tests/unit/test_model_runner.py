@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from wok_runtime import brgemm_linear
 from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
 from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
 from wok_runtime.loader import load_model
@@ -189,9 +190,38 @@ def test_the_compiled_tiny_matches_transformers(tiny_dir: Path) -> None:
     the decode attention kernel compute what Hugging Face does, greedy token for greedy token;
     every step's shape runs on the one graph compiled at start."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the graph count
     runner = check_against_hf(tiny_dir, lengths=[40, 1, 30, 7], steps=24, chunk=5, compile=True)
     assert runner.decode_kernel is not None  # the decodes ran on paged_decode's kernel
     assert runner.step_graph is not None
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_compiled_bf16_runner_on_oneDNN_weights_runs_one_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where brgemm cannot be built, a compiled bf16 step runs its linears on oneDNN's prepacked
+    weights (on a CPU with AMX; on fp32 copies or plain weights without): one graph for steps
+    of every size, and the eager runner's logits."""
+    monkeypatch.setattr(brgemm_linear, "load", lambda: False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the graph count
+
+    def runner(compile: bool) -> ModelRunner:
+        return ModelRunner.from_source(
+            "builtin:tiny", kv_cache_bytes=1 << 22, dtype="bfloat16", compile=compile
+        )
+
+    compiled, eager = runner(True), runner(False)
+    assert compiled.step_graph is not None
+    assert all(m.brgemm_packed is None for m in compiled.model.linears())
+    for n in (1, 5, 40):
+        for step in (
+            [StepInput(list(range(10, 10 + n)), 0, [0, 1, 2])],
+            [StepInput([7], n, [0, 1, 2]), StepInput([8], 3, [3])],
+        ):
+            got, want = compiled.forward(step), eager.forward(step)
+            torch.testing.assert_close(got, want, rtol=0, atol=0.05)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
