@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         step_ms = [f"{s * 1e3:.1f} ms" for s in model["step_seconds_by_batch"].values()]
         lines += ["| step, 1 thread | " + " | ".join(step_ms) + " |"]
         rest = model["step_seconds_without_gemms_by_batch"].values()
-        rest_ms = ["–" if s is None else f"{s * 1e3:.1f} ms" for s in rest]
+        rest_ms = [f"{s * 1e3:.1f} ms" for s in rest]
         lines += ["| step without its GEMMs (outputs replayed) | " + " | ".join(rest_ms) + " |"]
         for group in next(iter(by_batch.values())):
             cells = " | ".join(f"{shares[group]:.0%}" for shares in by_batch.values())

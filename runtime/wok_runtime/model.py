@@ -110,17 +110,17 @@ class Linear(nn.Module):
         self.bias32 = None if self.bias is None else self.bias.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compiling = torch.compiler.is_compiling()
         if self.brgemm_packed is not None:
-            if torch.compiler.is_compiling():
+            if compiling:
                 return brgemm_linear.brgemm_op(x, self.brgemm_packed, self.bias32)
             return brgemm_linear.linear(x, self.brgemm_packed, self.bias32)
         if self.packed is not None:
-            if torch.compiler.is_compiling():
+            if compiling:
                 return packed_linear(x, self.packed, self.bias)
             # Eager, the oneDNN op itself: a custom op's dispatch costs about as much again.
             return _PACKED_LINEAR(x, self.packed, self.bias, "none", [], "")
         # A compiled step's rows are unknown to its graph (step_graph.py): it keeps bf16.
-        compiling = torch.compiler.is_compiling()
         if self.weight32 is not None and not compiling and x.shape[0] >= FP32_GEMM_MIN_ROWS:
             # bf16 inputs and weights are exact in fp32: the same fp32 sums as the bf16 GEMM's,
             # rounded once to x's dtype.
