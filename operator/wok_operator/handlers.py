@@ -56,6 +56,7 @@ from wok_operator.resources import (
     selector_text,
 )
 from wok_operator.signals import HeldSignals, SignalsHub, carry_over, recheck_due
+from wok_operator.vllm_pod import engine_batch_size
 from wok_operator.writer import ServiceWriter
 
 T = TypeVar("T")
@@ -203,6 +204,7 @@ def reconcile(
     params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
     state = state_from_status(dict(status), parsed, params)
     batch, replicas = params.clip_batch(state.batch), params.clip_replicas(state.replicas)
+    engine_batch = engine_batch_size(parsed, batch) if parsed.engine == "vllm" else None
 
     secret = admin_secret(name, namespace, secrets.token_urlsafe(32))
     kopf.adopt(secret, owner=body)
@@ -216,6 +218,7 @@ def reconcile(
             budget=plan,
             replicas=replicas,
             extra_pod_labels=wok.config.extra_pod_labels,
+            engine_batch=engine_batch,
         ),
         desired_service(name, namespace),
     ]
@@ -247,6 +250,7 @@ def reconcile(
             "observedGeneration": generation,
             "memory": memory_status(plan),
             "batchSize": batch,
+            "engineBatchSize": engine_batch,
             "replicas": replicas,
             "selector": selector_text(name),
             "conditions": conditions,
