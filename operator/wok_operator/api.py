@@ -123,7 +123,12 @@ class ModelSpec(ApiModel):
 
 
 class RuntimeSpec(ApiModel):
-    image: str = Field(default="ghcr.io/wok-dev/wok-runtime:0.1.0", max_length=1024)
+    image: str = Field(
+        default="ghcr.io/wok-dev/wok-runtime:0.1.0",
+        max_length=1024,
+        description="wok's runtime image (engine: vllm: the one that writes a builtin model "
+        "for vLLM to load; vllm.image runs the server).",
+    )
     gpus_per_pod: int = Field(
         default=1,
         ge=1,
