@@ -36,11 +36,15 @@ class EngineBatch:
 def engine_batch_after(
     spec: InferenceServiceSpec, law_batch: int, running: int | None
 ) -> EngineBatch:
-    """The --max-num-seqs the pods run after this tick: `running` (the cap the last rendered
-    Deployment gave them; None: not known yet) unless `restart` lets the law's batch roll them."""
-    if spec.batching.apply_to_engine == "restart" and running is not None and running != law_batch:
+    """The --max-num-seqs the pods run after this tick. `never`: the spec's cap, whatever the
+    law decides (a pure function of the spec, so a spec edit is seen at once). `restart`:
+    `running` (what the last rendered Deployment gave them; None: not known yet), rolled to the
+    law's batch when the two differ."""
+    if spec.batching.apply_to_engine == "never":
+        return EngineBatch(spec_batch_cap(spec), roll=False)
+    if running is not None and running != law_batch:
         return EngineBatch(law_batch, roll=True)
-    return EngineBatch(running if running is not None else law_batch, roll=False)
+    return EngineBatch(law_batch if running is None else running, roll=False)
 
 
 def with_engine_batch(

@@ -287,6 +287,7 @@ class LoopMemo:
     signals: HeldSignals | None = None  # the last signals a round had (`signals.carry_over`)
     sequence_length: int | None = None  # the L of B_mem the last tick used (`budget_in_force`)
     engine_batch: int | None = None  # engine: vllm: the --max-num-seqs the pods were given
+    engine_generation: int | None = None  # the spec's generation `engine_batch` was rendered for
     last_tick: TickResult | None = None  # the last tick that had a round (`loop.held_tick`)
     writer: ServiceWriter = field(default_factory=ServiceWriter)
 
@@ -376,6 +377,9 @@ class ServiceTick:
         ensure_leading(self.wok)
         engine = None
         if spec.engine == "vllm":
+            generation = self.body.get("metadata", {}).get("generation")
+            if generation != self.memo.engine_generation:  # a spec edit: the reconcile rendered
+                self.memo.engine_batch, self.memo.engine_generation = None, generation
             running = self.memo.engine_batch or status.get("engineBatchSize")
             engine = engine_batch_after(spec, result.decision.batch, running)
         self.record(status, plan, result, metrics_error, spec=spec, engine=engine, pods=pods)

@@ -57,6 +57,8 @@ def test_never_pods_cap_the_laws_batch_at_what_they_run():
     [
         ("never", 24, 32, EngineBatch(32, roll=False)),
         ("never", 32, 32, EngineBatch(32, roll=False)),
+        # A spec edit re-rendered the pods at the spec's cap: what they ran before is past.
+        ("never", 24, 64, EngineBatch(32, roll=False)),
         ("restart", 24, 32, EngineBatch(24, roll=True)),
         ("restart", 32, 32, EngineBatch(32, roll=False)),
         ("restart", 24, None, EngineBatch(24, roll=False)),  # not reconciled yet: nothing to roll
@@ -161,3 +163,30 @@ async def test_restart_applies_the_deployment_with_the_laws_batch():
     assert "--max-num-seqs=24" in container["args"]
     assert deployment["metadata"]["ownerReferences"][0]["uid"] == "u1"
     assert events.get_nowait().reason == "EngineBatchRolled"
+
+
+async def test_a_spec_edit_makes_the_tick_read_the_reconciled_cap_not_its_memory():
+    """restart: the reconcile of generation 2 rendered --max-num-seqs=24 (status says so); the
+    loop's memory still holds generation 1's 16. The tick must not roll the pods back and forth."""
+    kopf_events()
+    kube = FakeKube()
+    kube.patch_status = lambda *args: None  # type: ignore[attr-defined]
+    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    spec["batching"]["applyToEngine"] = "restart"
+    body = {
+        "metadata": {"name": "chat", "namespace": "team-a", "uid": "u1", "generation": 2},
+        "spec": spec,
+        "status": {"batchSize": 24, "engineBatchSize": 24, "replicas": 1},
+    }
+    tick = ServiceTick(
+        Shared(kube=kube, config=OperatorConfig()),  # type: ignore[arg-type]
+        LoopMemo(engine_batch=16, engine_generation=1),
+        "chat",
+        "team-a",
+        body,  # type: ignore[arg-type]
+        logging.getLogger("test"),  # type: ignore[arg-type]
+    )
+    pod = PodView("p1", "uid1", "127.0.0.9", ready=True, terminating=False)
+    await tick.run([pod], deployed=1)  # no Prometheus: the law holds the batch at 24
+    assert "engine-batch" not in tick.memo.writer.pending
+    assert (tick.memo.engine_batch, tick.memo.engine_generation) == (24, 2)
