@@ -87,3 +87,47 @@ def test_vllms_admission_rejections_count_as_misses_and_arrivals(tmp_path: Path)
         },
     ]
     assert_promql(tmp_path, series, tests)
+
+
+VLLM_EXPOSITION = Path(__file__).resolve().parents[1] / "data" / "vllm_0.32_metrics.txt"
+
+
+def vllm_pod_series(service: str) -> list[dict]:
+    """Every `vllm:` sample of vLLM's own exposition as one pod of `service`, scraped each
+    minute, flat at its value (0): the names and labels a vLLM pod really has."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series = []
+    for family in text_string_to_metric_families(VLLM_EXPOSITION.read_text()):
+        for sample in family.samples:
+            if not sample.name.startswith("vllm:") or sample.name.endswith("_created"):
+                continue
+            labels = {**sample.labels, "namespace": "ns", "service": service, "pod": f"{service}-0"}
+            text = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+            series.append({"series": f"{sample.name}{{{text}}}", "values": f"{sample.value:g}x10"})
+    return series
+
+
+def test_a_vllm_pods_own_series_answer_every_query_the_law_cannot_do_without(
+    tmp_path: Path,
+) -> None:
+    """A round with one of these empty holds the law (`control._hold_reason`): on a vLLM pod's
+    real series each answers, 0 for an idle pod."""
+    queries = round_queries([60])
+    names = ("waiting", "running", "kv_usage", "finished_rate:60", "rejected_rate:60")
+    tests = [
+        {
+            "expr": queries[name],
+            "eval_time": "10m",
+            "exp_samples": [{"labels": '{namespace="ns",service="on-vllm"}', "value": 0}],
+        }
+        for name in names
+    ]
+    tests.append(
+        {
+            "expr": queries["reporting"],
+            "eval_time": "10m",
+            "exp_samples": [{"labels": '{namespace="ns",service="on-vllm"}', "value": 1}],
+        }
+    )
+    assert_promql(tmp_path, vllm_pod_series("on-vllm"), tests)
