@@ -138,6 +138,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "mix that shifts mid-run; the arrivals stay)",
     )
     parser.add_argument("--duration", type=float, metavar="S", help="simulate the first S seconds")
+    parser.add_argument(
+        "--score-from",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="count only the requests that arrive from S seconds on, and the GPU time from then "
+        "(`wok evaluate` scores from 300 s, so that the autoscalers' warm start and the static "
+        "fleets' full start cost nothing)",
+    )
     parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
     parser.add_argument(
         "--slo-ttft", type=float, default=2.0, metavar="S", help="time to first token"
@@ -216,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
     if args.splice:
         ref, start_s, end_s = parse_splice(args.splice)
         requests = splice(requests, load_trace(ref, seed=args.seed), start_s, end_s, seed=args.seed)
+    last = max((r.arrival_s for r in requests), default=0.0)
+    if not 0.0 <= args.score_from < last:
+        raise ValueError(
+            f"--score-from must be in [0, {last:g}) s (the last arrival), got {args.score_from:g}"
+        )
     if not 0.0 <= args.scrape_failure < 1.0:
         raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
     config = FleetConfig(
@@ -227,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         duration_s=args.duration,
         prefix_caching=args.prefix_caching,
+        score_from_s=args.score_from,
     )
     ctx = PolicyContext(
         profile=profile,

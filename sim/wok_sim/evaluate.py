@@ -14,11 +14,16 @@ time before it count for none (static fleets start at full size, autoscalers at 
 warm start); the static fleets and the baselines pick their B and target in hindsight, which no
 real deployment can, so they are an upper bound on what tuning them buys. The matrix is a list
 of jobs (one simulation each) run in a process pool; `--quick` runs a small one for tests.
+
+`--trace PATH[@SCALE,…]` runs the same protocol on a trace file of your own (held out: the law
+was never tuned on it): every scale given, a 90 s pod start (`--cold-start`), each SLO set.
+The static fleets of a frontier are found by bisection on the pod count (`fleet_search`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -32,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from wok_sim.fleet_search import FleetSearch
+
 TRACES_DIR = Path(__file__).resolve().parents[2] / "bench" / "traces"
 TRACES = {
     "code": str(TRACES_DIR / "azure_llm_2023_code.csv"),
@@ -41,6 +48,13 @@ TRACES = {
 }
 #: Run only when named (`--trace day`): a day is 24 times an hour-long trace's simulations.
 ON_REQUEST = ("day",)
+#: The trace files `--trace PATH` reads, by suffix (`wok_contracts.traces.load_trace`).
+TRACE_FORMATS = {
+    ".csv": "Azure LLM trace CSV",
+    ".jsonl": "Mooncake JSONL",
+    ".json": "compact ServeGen JSON",
+}
+HELD_OUT_START_S = 90.0  # a trace file's pod start, unless `--cold-start` says otherwise
 # Loose: the project's defaults. Tight: an interactive chat (25 tokens/s read speed and more).
 SLO_SETS = {"loose": (2.0, 0.1), "tight": (1.0, 0.04)}
 WARM_UP_S = 300.0  # longer than the slowest pod start of the matrix, plus a control tick
@@ -52,7 +66,13 @@ RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the firs
 # cheapest fleet at 99 %) reaches 99.5 %, the policy's mean must reach 99 %.
 PEAK_REACHES, PEAK_GOAL = 0.995, 0.99
 MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered are run
-SWEPT_BASELINES = ("hpa-concurrency-swept", "keda-waiting-swept")
+#: The rivals of every condition: a registered policy whose variants are its targets × B, each
+#: named with its target, and what it sweeps. A new autoscaler joins the matrix by one line here
+#: (after registering its sweep where it lives); `--baselines` picks among them.
+SWEPT_BASELINES = {
+    "hpa-concurrency-swept": "the HPA on running + waiting per pod, target 2…48",
+    "keda-waiting-swept": "KEDA on the summed waiting queue, threshold 1…20",
+}
 STATIC = "static"
 PROFILE = "sim:llama-3-8b-80g"
 MAX_REPLICAS = 32
@@ -66,8 +86,13 @@ class Condition:
     slo: str
 
     @property
+    def trace_name(self) -> str:
+        """A built-in trace's name, or a trace file's name without its folder."""
+        return self.trace if self.trace in TRACES else Path(self.trace).name
+
+    @property
     def label(self) -> str:
-        return f"{self.trace} ×{self.scale:g}, {self.cold_start_s:g} s start, {self.slo} SLOs"
+        return f"{self.trace_name} ×{self.scale:g}, {self.cold_start_s:g} s start, {self.slo} SLOs"
 
     @property
     def frontier_key(self) -> tuple[str, float, str]:
@@ -127,7 +152,7 @@ def _requests(trace: str, scale: float, seed: int) -> list[Any]:
 
     key = ("requests", trace, scale, seed)
     if key not in _CACHE:
-        requests = load_trace(TRACES[trace], seed=seed)
+        requests = load_trace(TRACES.get(trace, trace), seed=seed)
         if scale != 1.0:
             requests = scale_rate(requests, scale, mode="overlay", seed=seed)
         _CACHE[key] = requests
@@ -165,18 +190,24 @@ def context(condition: Condition, seed: int, *, warm_start_fleet: bool = True) -
     return _CACHE[key]
 
 
-def static_variants(ctx: Any) -> list[int]:
-    """The static fleets of the frontier, as `replicas × 1000 + batch`: from one below to two
-    above the fleet the busiest minute needs at the planner's capacity (the planner sizes for
-    the minute's mean, and the seconds-long spikes inside it need more), at every B the
-    baselines are swept over."""
+def fleet_guess(ctx: Any, batch: int) -> int:
+    """Where the frontier's search at `batch` starts: the fleet the busiest minute needs at the
+    planner's capacity (the planner sizes for the minute's mean; the seconds-long spikes inside
+    it need more, which the search finds)."""
     from wok_sim.baselines import sizing
 
     fleet = sizing(ctx)
-    batches = ctx.sweep_batches()
-    peak = math.ceil(fleet.peak_rate / fleet.capacity[batches[-1]])
-    low, high = max(1, peak - 1), min(ctx.max_replicas, peak + 2)
-    return [n * 1000 + b for n in range(low, high + 1) for b in batches]
+    return math.ceil(fleet.peak_rate / fleet.capacity[batch])
+
+
+def fleet_searches(condition: Condition) -> dict[int, FleetSearch]:
+    """One search per B the baselines are swept over, on the first seed: from the largest N
+    under `FULL_SWEEP_BELOW` to the smallest at `SATURATED` (`fleet_search`)."""
+    ctx = context(condition, SEEDS[0], warm_start_fleet=False)
+    return {
+        b: FleetSearch(ctx.max_replicas, fleet_guess(ctx, b), FULL_SWEEP_BELOW, SATURATED)
+        for b in ctx.sweep_batches()
+    }
 
 
 def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str, int | None]]:
@@ -187,22 +218,48 @@ def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str,
     return [(p.name, p.fixed_batch) for p in load_registry()[policy].variants(ctx)]
 
 
-def first_jobs(conditions: Sequence[Condition], policies: Sequence[str]) -> list[Job]:
-    """Every policy on every condition and seed; on the first seed only, every static fleet of
-    each frontier (N × B; they do not depend on the pod start) and every variant of the swept
-    baselines (target × B) on every condition (they do depend on it)."""
+def first_jobs(
+    conditions: Sequence[Condition],
+    policies: Sequence[str],
+    baselines: Sequence[str] = tuple(SWEPT_BASELINES),
+) -> list[Job]:
+    """Every policy on every condition and seed; on the first seed only, every variant of the
+    swept baselines (target × B) on every condition (they depend on the pod start). The static
+    fleets are searched apart (`search_frontiers`)."""
     first = SEEDS[0]
     jobs = [Job(c, seed, p, 0) for c in conditions for seed in SEEDS for p in policies]
-    frontiers: dict[tuple[str, float, str], Condition] = {}
     for condition in conditions:
-        frontiers.setdefault(condition.frontier_key, condition)
-        for baseline in SWEPT_BASELINES:
+        for baseline in baselines:
             count = len(variants_of(baseline, condition, first))
             jobs += [Job(condition, first, baseline, i) for i in range(count)]
-    for condition in frontiers.values():
-        ctx = context(condition, first, warm_start_fleet=False)
-        jobs += [Job(condition, first, STATIC, v) for v in static_variants(ctx)]
     return jobs
+
+
+def search_frontiers(
+    conditions: Sequence[Condition], *, workers: int, journal: Journal | None = None
+) -> list[Outcome]:
+    """The static fleets of each frontier on the first seed (they do not depend on the pod
+    start: one frontier per trace, scale and SLO set), every B's search run in rounds: each round
+    simulates the next pod counts of every search still open, in one pool."""
+    frontiers = {c.frontier_key: c for c in reversed(conditions)}  # the first condition of each
+    searches = {(c, b): s for c in frontiers.values() for b, s in fleet_searches(c).items()}
+    outcomes: list[Outcome] = []
+    for round_ in itertools.count(1):
+        jobs = [
+            Job(condition, SEEDS[0], STATIC, n * 1000 + b)
+            for (condition, b), search in searches.items()
+            for n in search.next_probes()
+        ]
+        if not jobs:
+            return outcomes
+        found = run_all(
+            jobs, workers=workers, desc=f"static fleets, round {round_}", journal=journal
+        )
+        for o in found:
+            replicas, batch = divmod(o.job.variant, 1000)
+            searches[(o.job.condition, batch)].add(replicas, o.attainment)
+        outcomes += found
+    raise AssertionError("unreachable")
 
 
 def _best_per_name(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
@@ -295,16 +352,27 @@ class Journal:
     """Each finished simulation as one JSON line, so that a run stopped halfway (the shared
     machine, a deadline) continues where it stopped: a job found in the journal is not run
     again. Floats are written in full, so a result read back is the one computed. Only for the
-    same code: the journal does not know which law or simulator wrote it."""
+    same code: the journal does not know which law or simulator wrote it. A run killed while
+    writing leaves its last line cut short: that line is dropped (its simulation runs again),
+    and the file is cut back to the lines it keeps, so the next ones start on a line of their
+    own."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.done: dict[Job, Outcome] = {}
-        if path is not None and path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
+        if path is None or not path.exists():
+            return
+        text = path.read_text()
+        whole = text[: text.rfind("\n") + 1]  # a last line without its newline was cut short
+        for number, line in enumerate(whole.splitlines(), start=1):
+            if line.strip():
+                try:
                     o = _outcome_of(json.loads(line))
-                    self.done[o.job] = o
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise ValueError(f"{path}:{number} is not a journal line: {error}") from None
+                self.done[o.job] = o
+        if whole != text:
+            path.write_text(whole)
 
     def add(self, outcome: Outcome) -> None:
         if self.path is not None:
@@ -598,7 +666,7 @@ def markdown(ev: Evaluation, command: str) -> str:
             f"{p.gpu_hours:.2f}"
             for p in front
         )
-        label = f"{condition.trace} ×{condition.scale:g}, {condition.slo} SLOs"
+        label = f"{condition.trace_name} ×{condition.scale:g}, {condition.slo} SLOs"
         lines.append(f"| {label} | {cells} |")
     return "\n".join(lines) + "\n"
 
@@ -685,9 +753,17 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--policy",
+        "--policies",
         default=",".join(MAIN_POLICIES),
         help="NAME[,NAME…] (default: wok and its batch ablations; names not registered are "
         "skipped with a note)",
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(SWEPT_BASELINES),
+        help="the swept rivals run on every condition, NAME[,NAME…] or none (default: all: "
+        + "; ".join(f"{name}: {sweep}" for name, sweep in SWEPT_BASELINES.items())
+        + ")",
     )
     parser.add_argument("--quick", action="store_true", help="a two-condition matrix (minutes)")
     parser.add_argument(
@@ -696,9 +772,21 @@ def register(commands: Any) -> None:
     default_traces = ",".join(t for t in TRACES if t not in ON_REQUEST)
     parser.add_argument(
         "--trace",
-        default=default_traces,
-        help=f"the matrix's conditions on these traces only (default: {default_traces}; also "
-        f"{', '.join(ON_REQUEST)}: the ServeGen day)",
+        action="append",
+        metavar="NAMES | PATH[@SCALE,…]",
+        help=f"repeatable. NAME[,NAME…]: the matrix's conditions on these built-in traces only "
+        f"(default: {default_traces}; also {', '.join(ON_REQUEST)}: the ServeGen day). PATH: a "
+        "trace file of your own, held out ("
+        + ", ".join(f"{suffix}: {kind}" for suffix, kind in TRACE_FORMATS.items())
+        + "), at each rate SCALE (overlay; default 1), under each --slo set, with the "
+        "matrix's scoring",
+    )
+    parser.add_argument(
+        "--cold-start",
+        type=float,
+        default=HELD_OUT_START_S,
+        metavar="S",
+        help="the pod start of a trace file's conditions",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR")
     parser.add_argument(
@@ -718,6 +806,80 @@ def register(commands: Any) -> None:
         "continues where it stopped (the same code only; the results do not change)",
     )
     parser.set_defaults(func=run)
+
+
+def trace_format(path: Path) -> str:
+    """The format `load_trace` reads `path` as, by its suffix; a clear error for another."""
+    kind = TRACE_FORMATS.get(path.suffix)
+    if kind is None:
+        known = ", ".join(f"{suffix} ({kind})" for suffix, kind in TRACE_FORMATS.items())
+        if not path.suffix and not path.exists():  # most likely a built-in name mistyped
+            raise ValueError(
+                f"unknown trace {path}: neither a built-in trace ({', '.join(TRACES)}) nor a "
+                f"trace file ({known})"
+            )
+        raise ValueError(
+            f"trace {path}: unknown format {path.suffix or '(no suffix)'!r}, want {known}"
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"trace {path} not found")
+    return kind
+
+
+def parse_traces(values: Sequence[str]) -> tuple[list[str], list[tuple[str, tuple[float, ...]]]]:
+    """`--trace` values: the built-in traces named, and each trace file with its rate scales."""
+    names: list[str] = []
+    files: list[tuple[str, tuple[float, ...]]] = []
+    for value in values:
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if parts and all(p in TRACES for p in parts):
+            names += parts
+            continue
+        path, at, scales = value.rpartition("@")
+        if not at or Path(value).is_file():
+            path, scales = value, "1"
+        try:
+            factors = tuple(float(x) for x in scales.split(","))
+        except ValueError:
+            factors = ()
+        if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
+            raise ValueError(f"bad --trace {value!r}: want PATH[@SCALE,…] with positive scales")
+        trace_format(Path(path))
+        files.append((str(Path(path)), tuple(dict.fromkeys(factors))))
+    if not names and not files:
+        raise ValueError(f"--trace names no trace (built in: {', '.join(TRACES)}; or a file)")
+    return names, files
+
+
+def held_out(
+    files: Sequence[tuple[str, Sequence[float]]], slos: Iterable[str], cold_start_s: float
+) -> list[Condition]:
+    """A trace file's conditions: each of its scales under each SLO set, at one pod start."""
+    return [
+        Condition(path, scale, cold_start_s, slo)
+        for path, scales in files
+        for scale in scales
+        for slo in SLO_SETS
+        if slo in slos
+    ]
+
+
+def check_held_out(conditions: Sequence[Condition]) -> None:
+    """Each trace file's first draw, read before any simulation: a file that is not a trace, or
+    one too short to be scored from `WARM_UP_S`, is a clear error, and what it holds is said."""
+    for trace, scale in dict.fromkeys((c.trace, c.scale) for c in conditions):
+        requests = _requests(trace, scale, SEEDS[0])
+        span = requests[-1].arrival_s if requests else 0.0
+        if span <= WARM_UP_S:
+            raise ValueError(
+                f"trace {trace} ×{scale:g} spans {span:.0f} s: every policy is scored from "
+                f"{WARM_UP_S:g} s, so it needs arrivals after that"
+            )
+        print(
+            f"wok evaluate: {trace} ({trace_format(Path(trace))}) ×{scale:g}: "
+            f"{len(requests):,} requests over {span / 3600:.2f} h",
+            file=sys.stderr,
+        )
 
 
 def outcomes_of(report: dict[str, Any]) -> list[Outcome]:
@@ -757,6 +919,8 @@ def run(args: argparse.Namespace) -> int:
         return render(args.render)
     if args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
+    if not (math.isfinite(args.cold_start) and args.cold_start >= 0):
+        raise ValueError(f"--cold-start must be >= 0 s, got {args.cold_start}")
     registry = load_registry()
     asked = [n.strip() for n in args.policy.split(",") if n.strip()]
     if not asked:
@@ -767,19 +931,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"wok evaluate: policy {name!r} is not registered: skipped", file=sys.stderr)
     if not policies:
         raise ValueError(f"no registered policy in {args.policy!r} (known: {', '.join(registry)})")
-    traces = {t.strip() for t in args.trace.split(",") if t.strip()}
-    unknown = traces - set(TRACES)
-    if unknown or not traces:
-        raise ValueError(f"unknown trace {', '.join(sorted(unknown))} (known: {', '.join(TRACES)})")
+    baselines = [] if args.baselines == "none" else [b.strip() for b in args.baselines.split(",")]
+    unknown = [b for b in baselines if b not in SWEPT_BASELINES or b not in registry]
+    if unknown:
+        raise ValueError(
+            f"unknown baseline {', '.join(unknown)} (known: {', '.join(SWEPT_BASELINES)}, none)"
+        )
+    default_traces = [t for t in TRACES if t not in ON_REQUEST]
+    names, files = parse_traces(args.trace or [",".join(default_traces)])
+    traces = set(names)
     slos = {s.strip() for s in args.slo.split(",") if s.strip()}
     if not slos or slos - set(SLO_SETS):
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
     conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
+    held = held_out(files, slos, args.cold_start)
+    check_held_out(held)
+    conditions += held
     started = time.perf_counter()
     journal = Journal(args.journal)
     first = run_all(
-        first_jobs(conditions, policies), workers=args.jobs, desc="first seed", journal=journal
+        first_jobs(conditions, policies, baselines),
+        workers=args.jobs,
+        desc="first seed",
+        journal=journal,
     )
+    first += search_frontiers(conditions, workers=args.jobs, journal=journal)
     second = run_all(
         second_jobs(first, policies), workers=args.jobs, desc="other seeds", journal=journal
     )
@@ -794,8 +970,9 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    whole = (traces, slos) == (set(TRACES) - set(ON_REQUEST), set(SLO_SETS))
-    parts = [] if whole else [*sorted(traces), *sorted(slos)]
+    whole = not files and (traces, slos) == (set(default_traces), set(SLO_SETS))
+    stems = [Path(path).stem for path, _ in files]
+    parts = [] if whole else [*sorted(traces), *stems, *sorted(slos)]
     name = "-".join(["evaluation", *(["quick"] if args.quick else []), *parts])
     (args.out / f"{name}.md").write_text(markdown(ev, command))
     (args.out / f"{name}.json").write_text(to_json(ev, outcomes, command))

@@ -1,0 +1,152 @@
+"""`wok evaluate --trace PATH`: the held-out protocol on trace files the project has never seen,
+one in each format the readers take, written here; and a stopped run that resumes from its
+journal without running a finished simulation again."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from wok.cli import main
+from wok_sim.evaluate import SEEDS, STATIC, WARM_UP_S
+
+pytestmark = pytest.mark.integration
+
+SPAN_S = 600.0  # scored from WARM_UP_S (300 s): half of it counts
+RATE = 0.8  # requests/s: a fleet of one or two pods, so each simulation is short
+
+
+def arrivals(seed: int) -> list[tuple[float, int, int]]:
+    """(arrival s, prompt tokens, output tokens): Poisson arrivals with chat-like lengths."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while (t := t + rng.expovariate(RATE)) < SPAN_S:
+        out.append((t, rng.randint(64, 1024), rng.randint(16, 256)))
+    return out
+
+
+def azure(folder: Path) -> Path:
+    start = datetime(2024, 5, 1, 9, 0, 0)
+    rows = [
+        f"{(start + timedelta(seconds=t)).isoformat(sep=' ')},{p},{o}" for t, p, o in arrivals(1)
+    ]
+    path = folder / "held_out_azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def mooncake(folder: Path) -> Path:
+    lines = [
+        json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o})
+        for t, p, o in arrivals(2)
+    ]
+    path = folder / "held_out_mooncake.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def servegen(folder: Path) -> Path:
+    """A compact ServeGen day whose only busy windows are its first two (600 s each)."""
+    windows = 144
+    rates = [RATE / 2, RATE / 2] + [0.0] * (windows - 2)
+    trace = {
+        "window_s": 600,
+        "block_s": 21600,
+        "default_day": 0,
+        "default_rate_scale": 1.0,
+        "streams": [
+            {
+                "rate": rates,
+                "family": "".join("G" if r > 0 else "-" for r in rates),
+                "shape": [0.5 if r > 0 else 0.0 for r in rates],
+            }
+        ],
+        "edges": [16, 64, 256, 1024],
+        "input_ppm": [[200_000, 500_000, 300_000]] * 4,
+        "output_ppm": [[500_000, 500_000, 0]] * 4,
+    }
+    path = folder / "held_out_servegen.json"
+    path.write_text(json.dumps(trace))
+    return path
+
+
+def evaluate(out: Path, trace: str, *extra: str) -> dict:
+    args = ["evaluate", "--trace", trace, "--policies", "wok", "--baselines", "none"]
+    assert main([*args, "--slo", "loose", "--jobs", "1", "--out", str(out), *extra]) == 0
+    (report,) = out.glob("evaluation-*.json")
+    return json.loads(report.read_text())
+
+
+@pytest.mark.parametrize(
+    ("write", "scales", "asked"),
+    [(azure, "@1,1.5", (1.0, 1.5)), (mooncake, "", (1.0,)), (servegen, "@1.5", (1.5,))],
+)
+def test_a_trace_file_in_each_format_is_scored_like_the_matrix(
+    write, scales: str, asked: tuple[float, ...], tmp_path: Path
+) -> None:
+    trace = write(tmp_path)
+    report = evaluate(tmp_path / "out", f"{trace}{scales}")
+    assert report["warm_up_s"] == WARM_UP_S
+    verdicts = report["verdicts"]
+    # One condition per scale, the law on every seed, judged against a frontier of its own.
+    assert [(v["condition"]["trace"], v["condition"]["scale"]) for v in verdicts] == [
+        (str(trace), scale) for scale in asked
+    ]
+    assert all(v["policy"]["seeds"] == len(SEEDS) for v in verdicts)
+    runs = report["runs"]
+    for scale in asked:
+        statics = {r["name"] for r in runs if r["policy"] == STATIC and r["scale"] == scale}
+        assert statics, f"no static fleet at ×{scale}"
+        # The frontier found its saturated end: some static fleet serves (nearly) everything.
+        best = max(r["attainment"] for r in runs if r["policy"] == STATIC and r["scale"] == scale)
+        assert best >= 0.999
+    text = (tmp_path / "out" / f"evaluation-{trace.stem}-loose.md").read_text()
+    assert f"| {trace.name} ×{asked[-1]:g}, 90 s start, loose SLOs | wok |" in text
+
+
+def test_a_stopped_run_resumes_from_its_journal(tmp_path: Path) -> None:
+    trace = mooncake(tmp_path)
+    journal = tmp_path / "runs.jsonl"
+    whole = evaluate(tmp_path / "whole", str(trace), "--journal", str(journal))
+    lines = journal.read_text().splitlines()
+    # Stopped halfway, killed while writing a line: the first half kept, the next line cut.
+    kept = len(lines) // 2
+    planted = json.loads(lines[0]) | {"attainment": 0.123456789}
+    journal.write_text("\n".join([json.dumps(planted), *lines[1:kept]]) + "\n" + lines[kept][:20])
+    resumed = evaluate(tmp_path / "resumed", str(trace), "--journal", str(journal))
+    again = journal.read_text().splitlines()
+    assert len(again) == len(lines)  # the other half run once each, the cut line again
+    key = ("policy", "seed", "name", "batch")
+    assert {tuple(json.loads(line)[k] for k in key) for line in again} == {
+        tuple(json.loads(line)[k] for k in key) for line in lines
+    }
+    runs = {tuple(r[k] for k in key): r["attainment"] for r in resumed["runs"]}
+    assert runs[tuple(planted[k] for k in key)] == round(0.123456789, 6)  # read back, not rerun
+    others = {tuple(r[k] for k in key): r["attainment"] for r in whole["runs"]}
+    assert {k: v for k, v in runs.items() if k != tuple(planted[k] for k in key)} == {
+        k: v for k, v in others.items() if k != tuple(planted[k] for k in key)
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("load.txt", "hello\n", "unknown format '.txt', want .csv (Azure LLM trace CSV)"),
+        ("load.csv", "a,b\n1,2\n", "is not an Azure LLM trace CSV"),
+        ("load.jsonl", '{"ts": 1}\n', "is not a Mooncake trace line"),
+        ("load.json", "{}", "is not a compact ServeGen trace"),
+        ("short.jsonl", '{"timestamp": 0, "input_length": 9, "output_length": 9}\n', "spans 0 s"),
+    ],
+)
+def test_a_file_that_is_not_a_trace_is_one_clear_line(
+    name: str, text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / name).write_text(text)
+    args = ["evaluate", "--trace", str(tmp_path / name), "--out", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
