@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from wok_sim.fleet_search import FleetSearch
+from wok_sim.fleet_search import PLATEAU, FleetSearch
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "bench" / "traces"
 TRACES = {
@@ -190,24 +190,16 @@ def context(condition: Condition, seed: int, *, warm_start_fleet: bool = True) -
     return _CACHE[key]
 
 
-def fleet_guess(ctx: Any, batch: int) -> int:
-    """Where the frontier's search at `batch` starts: the fleet the busiest minute needs at the
-    planner's capacity (the planner sizes for the minute's mean; the seconds-long spikes inside
-    it need more, which the search finds)."""
+def fleet_search(condition: Condition) -> FleetSearch:
+    """The search for a frontier's fleets on the first seed (`fleet_search`), from the fleet the
+    busiest minute needs at the planner's capacity at the largest B (the planner sizes for the
+    minute's mean; the seconds-long spikes inside it need more, which the search finds)."""
     from wok_sim.baselines import sizing
 
-    fleet = sizing(ctx)
-    return math.ceil(fleet.peak_rate / fleet.capacity[batch])
-
-
-def fleet_searches(condition: Condition) -> dict[int, FleetSearch]:
-    """One search per B the baselines are swept over, on the first seed: from the largest N
-    under `FULL_SWEEP_BELOW` to the smallest at `SATURATED` (`fleet_search`)."""
     ctx = context(condition, SEEDS[0], warm_start_fleet=False)
-    return {
-        b: FleetSearch(ctx.max_replicas, fleet_guess(ctx, b), FULL_SWEEP_BELOW, SATURATED)
-        for b in ctx.sweep_batches()
-    }
+    fleet = sizing(ctx)
+    guess = math.ceil(fleet.peak_rate / fleet.capacity[ctx.sweep_batches()[-1]])
+    return FleetSearch(ctx.max_replicas, guess, FULL_SWEEP_BELOW, SATURATED)
 
 
 def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str, int | None]]:
@@ -238,26 +230,31 @@ def first_jobs(
 def search_frontiers(
     conditions: Sequence[Condition], *, workers: int, journal: Journal | None = None
 ) -> list[Outcome]:
-    """The static fleets of each frontier on the first seed (they do not depend on the pod
-    start: one frontier per trace, scale and SLO set), every B's search run in rounds: each round
-    simulates the next pod counts of every search still open, in one pool."""
+    """The static fleets of each frontier on the first seed, every N probed at every B the
+    baselines are swept over (the frontier's attainment at N is its best B's). They do not
+    depend on the pod start: one frontier per trace, scale and SLO set. The searches run in
+    rounds: each simulates the next pod counts of every search still open, in one pool."""
     frontiers = {c.frontier_key: c for c in reversed(conditions)}  # the first condition of each
-    searches = {(c, b): s for c in frontiers.values() for b, s in fleet_searches(c).items()}
+    searches = {c: fleet_search(c) for c in frontiers.values()}
     outcomes: list[Outcome] = []
     for round_ in itertools.count(1):
         jobs = [
             Job(condition, SEEDS[0], STATIC, n * 1000 + b)
-            for (condition, b), search in searches.items()
+            for condition, search in searches.items()
             for n in search.next_probes()
+            for b in context(condition, SEEDS[0], warm_start_fleet=False).sweep_batches()
         ]
         if not jobs:
             return outcomes
         found = run_all(
             jobs, workers=workers, desc=f"static fleets, round {round_}", journal=journal
         )
+        best: dict[tuple[Condition, int], float] = defaultdict(float)
         for o in found:
-            replicas, batch = divmod(o.job.variant, 1000)
-            searches[(o.job.condition, batch)].add(replicas, o.attainment)
+            key = (o.job.condition, o.job.variant // 1000)
+            best[key] = max(best[key], o.attainment)
+        for (condition, replicas), attainment in best.items():
+            searches[condition].add(replicas, attainment)
         outcomes += found
     raise AssertionError("unreachable")
 
@@ -280,7 +277,8 @@ def _best_per_name(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
 
 def second_jobs(first: Sequence[Outcome], policies: Sequence[str]) -> list[Job]:
     """The other seeds, only where they can change a verdict: each static N at its best B from
-    the first seed, from the last N below `FULL_SWEEP_BELOW` to the first at `SATURATED`; each
+    the first seed, from the last N below `FULL_SWEEP_BELOW` to the first at `SATURATED` (or,
+    where none reaches it, within `PLATEAU` of the best: the span `fleet_search` ran); each
     baseline target at its best B, where its first seed came within `RIVAL_MARGIN` of the worst
     policy's mean (a target further below can reach no policy's attainment)."""
     statics: dict[Condition, list[Outcome]] = defaultdict(list)
@@ -300,7 +298,9 @@ def second_jobs(first: Sequence[Outcome], policies: Sequence[str]) -> list[Job]:
     for condition, outcomes in statics.items():
         fleets = sorted(_best_per_name(outcomes).values(), key=lambda o: o.gpu_hours)
         low = max((i for i, o in enumerate(fleets) if o.attainment < FULL_SWEEP_BELOW), default=0)
-        high = next((i for i, o in enumerate(fleets) if o.attainment >= SATURATED), len(fleets))
+        best = max(o.attainment for o in fleets)
+        top = SATURATED if best >= SATURATED else best - PLATEAU
+        high = next((i for i, o in enumerate(fleets) if o.attainment >= top), len(fleets))
         jobs += [
             Job(condition, seed, STATIC, o.job.variant)
             for o in fleets[low : high + 1]

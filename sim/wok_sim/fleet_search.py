@@ -2,12 +2,14 @@
 
 For a fixed batch B, a static fleet's attainment does not fall as pods are added: every pod sees
 a thinner share of the same arrivals (random routing splits them; a pod's queue and its steps
-only shrink with its load), so attainment is monotone in N up to the simulator's seeded draws.
-A frontier therefore needs only the pod counts where it moves: from the largest N still under
-`low` (what a smaller fleet scores matters no more: it serves too little to be bought) to the
-smallest N at `high` (every larger fleet only costs more). Both are found by bisection, the
-counts between them are all run (the frontier is linear between adjacent N), and nothing else
-is: about log2(max N) simulations each side instead of one per N.
+only shrink with its load), so attainment is monotone in N up to the simulator's seeded draws;
+so is the frontier's (each N at its best B: the largest of monotone functions). A frontier
+needs only the pod counts where it moves: from the largest N still under `low` (a smaller fleet
+serves too little to be bought) to the smallest N at `high` (every larger fleet only costs
+more), or, where even the largest fleet does not reach `high`, to the smallest within `PLATEAU`
+of it. Both ends are found by bisection, the counts between them are all run (the frontier is
+linear between adjacent N), and nothing else is: a few probes each side instead of one
+simulation per N.
 
 Pure: `FleetSearch` only says which N to simulate next from the attainments it was given, so
 the caller runs the probes of every search at once, in rounds, in its process pool.
@@ -16,6 +18,8 @@ the caller runs the probes of every search at once, in rounds, in its process po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+PLATEAU = 0.001  # within this of the largest fleet's attainment, more pods buy nothing
 
 
 @dataclass
@@ -43,6 +47,13 @@ class FleetSearch:
         over = [n for n, a in self.seen.items() if a >= threshold]
         return max(under, default=0), min(over, default=self.max_replicas + 1)
 
+    def _top(self) -> float:
+        """`high`, or just under the largest fleet's attainment where that does not reach it."""
+        largest = self.seen.get(self.max_replicas)
+        if largest is not None and largest < self.high:
+            return max(0.0, largest - PLATEAU)
+        return self.high
+
     def _probe(self, threshold: float) -> int | None:
         """The next N that narrows `threshold`'s bracket to adjacent counts, or None. Without a
         bound on one side it gallops from the other (doubling the step), so that a good guess
@@ -64,7 +75,7 @@ class FleetSearch:
         """The pod counts to simulate next (all at once); empty when the search is done."""
         if not self.seen:
             return [self.guess]
-        for threshold in (self.high, self.low):
+        for threshold in (self._top(), self.low):
             probe = self._probe(threshold)
             if probe is not None:
                 return [probe]
@@ -72,10 +83,11 @@ class FleetSearch:
 
     def span(self) -> range:
         """The frontier's pod counts: from the largest N under `low` (or 1) to the smallest at
-        `high` (or `max_replicas`)."""
+        `high` (or at the plateau under it)."""
         first = max(1, self._bracket(self.low)[0])
-        last = min(self.max_replicas, self._bracket(self.high)[1])
-        return range(first, last + 1)
+        last = min(self.max_replicas, self._bracket(self._top())[1])
+        # Attainments that fall as N grows (a routing draw) may cross the brackets: keep both.
+        return range(min(first, last), max(first, last) + 1)
 
     @property
     def done(self) -> bool:
