@@ -48,13 +48,6 @@ TRACES = {
 }
 #: Run only when named (`--trace day`): a day is 24 times an hour-long trace's simulations.
 ON_REQUEST = ("day",)
-#: The trace files `--trace PATH` reads, by suffix (`wok_contracts.traces.load_trace`).
-TRACE_FORMATS = {
-    ".csv": "Azure LLM trace CSV",
-    ".jsonl": "Mooncake JSONL",
-    ".json": "compact ServeGen JSON",
-}
-HELD_OUT_START_S = 90.0  # a trace file's pod start, unless `--cold-start` says otherwise
 # Loose: the project's defaults. Tight: an interactive chat (25 tokens/s read speed and more).
 SLO_SETS = {"loose": (2.0, 0.1), "tight": (1.0, 0.04)}
 WARM_UP_S = 300.0  # longer than the slowest pod start of the matrix, plus a control tick
@@ -66,13 +59,7 @@ RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the firs
 # cheapest fleet at 99 %) reaches 99.5 %, the policy's mean must reach 99 %.
 PEAK_REACHES, PEAK_GOAL = 0.995, 0.99
 MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered are run
-#: The rivals of every condition: a registered policy whose variants are its targets × B, each
-#: named with its target, and what it sweeps. A new autoscaler joins the matrix by one line here
-#: (after registering its sweep where it lives); `--baselines` picks among them.
-SWEPT_BASELINES = {
-    "hpa-concurrency-swept": "the HPA on running + waiting per pod, target 2…48",
-    "keda-waiting-swept": "KEDA on the summed waiting queue, threshold 1…20",
-}
+SWEPT_BASELINES = ("hpa-concurrency-swept", "keda-waiting-swept")
 STATIC = "static"
 PROFILE = "sim:llama-3-8b-80g"
 MAX_REPLICAS = 32
@@ -532,17 +519,17 @@ def misses(v: Verdict) -> list[str]:
     p, peak, said = v.policy, v.static_peak, []
     if not v.above_frontier:
         said.append(
-            f"under the frontier: {_pct(p.attainment)} % at {p.gpu_hours:.2f} GPU-h, the "
-            f"frontier {_pct(v.frontier_attainment)} % there"
+            f"under the frontier: {pct(p.attainment)} % at {p.gpu_hours:.2f} GPU-h, the "
+            f"frontier {pct(v.frontier_attainment)} % there"
         )
     if v.cheaper_than_baselines is False:
         said.append(
-            f"a baseline reaches its attainment with fewer GPU-h ({_short(v.cheapest_rival)})"
+            f"a baseline reaches its attainment with fewer GPU-h ({short(v.cheapest_rival)})"
         )
     if peak is not None and peak.attainment >= PEAK_REACHES and p.attainment < PEAK_GOAL:
         said.append(
-            f"under {PEAK_GOAL:.0%} ({_pct(p.attainment)} %) where static-peak reaches "
-            f"{PEAK_REACHES:.1%} ({_short(peak)})"
+            f"under {PEAK_GOAL:.0%} ({pct(p.attainment)} %) where static-peak reaches "
+            f"{PEAK_REACHES:.1%} ({short(peak)})"
         )
     return said
 
@@ -579,173 +566,20 @@ def evaluate(
     return Evaluation(verdicts, frontiers, baselines, len(outcomes), 0.0)
 
 
-def _pct(value: float) -> str:
+def pct(value: float) -> str:
     return f"{100 * value:.2f}"
 
 
-def _span(p: Point) -> str:
-    lo, hi = p.attainment_range
-    glo, ghi = p.gpu_hours_range
-    return f"{_pct(p.attainment)} [{_pct(lo)}–{_pct(hi)}] | {p.gpu_hours:.2f} [{glo:.2f}–{ghi:.2f}]"
-
-
-def _yes_no(value: bool | None) -> str:
-    return "n/a" if value is None else "yes" if value else "**no**"
-
-
-def _short(p: Point | None) -> str:
+def short(p: Point | None) -> str:
     if p is None:
         return "none"
     batch = "" if p.batch is None else f" B{p.batch}"
-    return f"{p.name}{batch}: {_pct(p.attainment)} % at {p.gpu_hours:.2f}"
-
-
-def markdown(ev: Evaluation, command: str) -> str:
-    """The results as one table (and the swept baselines' figures), with the command."""
-    lines = [
-        "# wok evaluate: every policy against the static frontier of each condition",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"{ev.simulations} simulations in {ev.wall_s / 60:.1f} min. Mean over seeds "
-        f"{', '.join(map(str, SEEDS))} (each draws the overlay copies and the routing), "
-        "[min–max] over them. Attainment: the share of requests within every SLO (TTFT and "
-        "TPOT; loose 2 s / 0.1 s, tight 1 s / 0.04 s). Scored from "
-        f"{WARM_UP_S:g} s for every policy. Frontier: every static N at its best B, linear "
-        "between adjacent N, at the policy's mean GPU-h. Rival: the cheapest swept HPA / KEDA "
-        "variant whose mean attainment reaches the policy's. The static fleets and the swept "
-        "baselines choose B and target in hindsight.",
-        "",
-        "| condition | policy | all SLOs % [range] | GPU-h [range] | frontier % there "
-        "| above | static-peak (99 %) | cheapest rival at its attainment | fewer GPU-h |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v in ev.verdicts:
-        lines.append(
-            f"| {v.condition.label} | {v.policy.name} | {_span(v.policy)} "
-            f"| {_pct(v.frontier_attainment)} | {'yes' if v.above_frontier else '**no**'} "
-            f"| {_short(v.static_peak)} "
-            f"| {'not run' if v.cheaper_than_baselines is None else _short(v.cheapest_rival)} "
-            f"| {_yes_no(v.cheaper_than_baselines)} |"
-        )
-    lines += ["", "## Where a goal is missed", ""]
-    lines += [
-        "Above the frontier at its mean GPU-h; fewer GPU-h than every swept baseline that reaches "
-        f"its attainment; {PEAK_GOAL:.0%} wherever static-peak reaches {PEAK_REACHES:.1%}.",
-        "",
-    ]
-    missed = [(v, m) for v in ev.verdicts for m in misses(v)]
-    lines += [f"- {v.condition.label}, {v.policy.name}: {m}" for v, m in missed] or ["- none"]
-    lines += ["", "## The swept baselines (each target at its best B)", ""]
-    lines += [
-        "Mean over the seeds, at the best B among those run on the most seeds; a target marked "
-        "(seed 0) fell more than "
-        f"{RIVAL_MARGIN:.0%} below every policy on the first seed and was not run again.",
-        "",
-        "| condition | target: all SLOs % at GPU-h (B) |",
-        "|---|---|",
-    ]
-    for condition, rivals in ev.baselines.items():
-        if not rivals:
-            continue
-        cells = "; ".join(
-            f"{p.name} {_pct(p.attainment)} at {p.gpu_hours:.2f} (B{p.batch})"
-            + (" (seed 0)" if p.seeds < len(SEEDS) else "")
-            for p in sorted(best_batches(rivals), key=lambda p: p.name)
-        )
-        lines.append(f"| {condition.label} | {cells} |")
-    lines += ["", "## The static frontiers (every N at its best B)", ""]
-    lines += ["| condition | N (B): all SLOs % at GPU-h |", "|---|---|"]
-    seen: set[tuple[str, float, str]] = set()
-    for condition, front in ev.frontiers.items():
-        if condition.frontier_key in seen:
-            continue
-        seen.add(condition.frontier_key)
-        cells = "; ".join(
-            f"{p.name.removeprefix('static-')} (B{p.batch}) {_pct(p.attainment)} at "
-            f"{p.gpu_hours:.2f}"
-            for p in front
-        )
-        label = f"{condition.trace_name} ×{condition.scale:g}, {condition.slo} SLOs"
-        lines.append(f"| {label} | {cells} |")
-    return "\n".join(lines) + "\n"
-
-
-def to_json(ev: Evaluation, outcomes: Sequence[Outcome], command: str) -> str:
-    return json.dumps(
-        {
-            "command": command,
-            "seeds": list(SEEDS),
-            "warm_up_s": WARM_UP_S,
-            "wall_s": round(ev.wall_s, 1),
-            "verdicts": [asdict(v) for v in ev.verdicts],
-            "runs": [
-                {
-                    **asdict(o.job.condition),
-                    "seed": o.job.seed,
-                    "policy": o.job.policy,
-                    "name": o.name,
-                    "batch": o.batch,
-                    "attainment": round(o.attainment, 6),
-                    "gpu_hours": round(o.gpu_hours, 4),
-                    "sim_s": round(o.wall_s, 2),
-                }
-                for o in sorted(outcomes, key=lambda o: (o.job.condition, o.job.policy, o.name))
-            ],
-        },
-        indent=1,
-    )
-
-
-def _bar(mean: float, span: Iterable[float]) -> list[list[float]]:
-    """An error bar from a mean to its seeds' min and max: never negative (the mean of equal
-    values may differ from them in the last digit)."""
-    lo, hi = span
-    return [[max(0.0, mean - lo)], [max(0.0, hi - mean)]]
-
-
-def plot(ev: Evaluation, path: Path) -> None:
-    """One panel per condition: the static frontier, the swept baselines, each policy with its
-    range over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    conditions = list(ev.frontiers)
-    cols = min(4, len(conditions))
-    rows = math.ceil(len(conditions) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
-    for ax, condition in zip(axes.flat, conditions, strict=False):
-        front = ev.frontiers[condition]
-        ax.plot([p.gpu_hours for p in front], [100 * p.attainment for p in front], "k.-",
-                label="static frontier")  # fmt: skip
-        rivals = ev.baselines[condition]
-        ax.scatter([p.gpu_hours for p in rivals], [100 * p.attainment for p in rivals], s=8,
-                   color="tab:gray", alpha=0.6, label="HPA / KEDA swept")  # fmt: skip
-        for v in (v for v in ev.verdicts if v.condition == condition):
-            p = v.policy
-            ax.errorbar(
-                p.gpu_hours,
-                100 * p.attainment,
-                xerr=_bar(p.gpu_hours, p.gpu_hours_range),
-                yerr=_bar(100 * p.attainment, (100 * lo for lo in p.attainment_range)),
-                fmt="o",
-                label=p.name,
-            )
-        ax.set_ylim(90, 100.2)
-        ax.set_title(condition.label, fontsize="small")
-        ax.set_xlabel("GPU-h")
-        ax.set_ylabel("all SLOs (%)")
-    for ax in list(axes.flat)[len(conditions) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize="x-small", loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return f"{p.name}{batch}: {pct(p.attainment)} % at {p.gpu_hours:.2f}"
 
 
 def register(commands: Any) -> None:
+    from wok_sim.held_out import HELD_OUT_START_S, TRACE_FORMATS
+
     parser = commands.add_parser(
         "evaluate",
         help="every policy over a matrix of traces, rate scales, pod starts, SLOs and seeds, "
@@ -761,9 +595,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--baselines",
         default=",".join(SWEPT_BASELINES),
-        help="the swept rivals run on every condition, NAME[,NAME…] or none (default: all: "
-        + "; ".join(f"{name}: {sweep}" for name, sweep in SWEPT_BASELINES.items())
-        + ")",
+        help="the swept rivals run on every condition: NAME[,NAME…] or none",
     )
     parser.add_argument("--quick", action="store_true", help="a two-condition matrix (minutes)")
     parser.add_argument(
@@ -808,97 +640,9 @@ def register(commands: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def trace_format(path: Path) -> str:
-    """The format `load_trace` reads `path` as, by its suffix; a clear error for another."""
-    kind = TRACE_FORMATS.get(path.suffix)
-    if kind is None:
-        known = ", ".join(f"{suffix} ({kind})" for suffix, kind in TRACE_FORMATS.items())
-        if not path.suffix and not path.exists():  # most likely a built-in name mistyped
-            raise ValueError(
-                f"unknown trace {path}: neither a built-in trace ({', '.join(TRACES)}) nor a "
-                f"trace file ({known})"
-            )
-        raise ValueError(
-            f"trace {path}: unknown format {path.suffix or '(no suffix)'!r}, want {known}"
-        )
-    if not path.is_file():
-        raise FileNotFoundError(f"trace {path} not found")
-    return kind
-
-
-def parse_traces(values: Sequence[str]) -> tuple[list[str], list[tuple[str, tuple[float, ...]]]]:
-    """`--trace` values: the built-in traces named, and each trace file with its rate scales."""
-    names: list[str] = []
-    files: list[tuple[str, tuple[float, ...]]] = []
-    for value in values:
-        parts = [p.strip() for p in value.split(",") if p.strip()]
-        if parts and all(p in TRACES for p in parts):
-            names += parts
-            continue
-        path, at, scales = value.rpartition("@")
-        if not at or Path(value).is_file():
-            path, scales = value, "1"
-        try:
-            factors = tuple(float(x) for x in scales.split(","))
-        except ValueError:
-            factors = ()
-        if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
-            raise ValueError(f"bad --trace {value!r}: want PATH[@SCALE,…] with positive scales")
-        trace_format(Path(path))
-        files.append((str(Path(path)), tuple(dict.fromkeys(factors))))
-    if not names and not files:
-        raise ValueError(f"--trace names no trace (built in: {', '.join(TRACES)}; or a file)")
-    return names, files
-
-
-def held_out(
-    files: Sequence[tuple[str, Sequence[float]]], slos: Iterable[str], cold_start_s: float
-) -> list[Condition]:
-    """A trace file's conditions: each of its scales under each SLO set, at one pod start."""
-    return [
-        Condition(path, scale, cold_start_s, slo)
-        for path, scales in files
-        for scale in scales
-        for slo in SLO_SETS
-        if slo in slos
-    ]
-
-
-def check_held_out(conditions: Sequence[Condition]) -> None:
-    """Each trace file's first draw, read before any simulation: a file that is not a trace, or
-    one too short to be scored from `WARM_UP_S`, is a clear error, and what it holds is said."""
-    for trace, scale in dict.fromkeys((c.trace, c.scale) for c in conditions):
-        requests = _requests(trace, scale, SEEDS[0])
-        span = requests[-1].arrival_s if requests else 0.0
-        if span <= WARM_UP_S:
-            raise ValueError(
-                f"trace {trace} ×{scale:g} spans {span:.0f} s: every policy is scored from "
-                f"{WARM_UP_S:g} s, so it needs arrivals after that"
-            )
-        print(
-            f"wok evaluate: {trace} ({trace_format(Path(trace))}) ×{scale:g}: "
-            f"{len(requests):,} requests over {span / 3600:.2f} h",
-            file=sys.stderr,
-        )
-
-
-def outcomes_of(report: dict[str, Any]) -> list[Outcome]:
-    """An earlier run's outcomes from its JSON (`to_json`)."""
-    fields = ("trace", "scale", "cold_start_s", "slo")
-    return [
-        Outcome(
-            job=Job(Condition(*(r[f] for f in fields)), r["seed"], r["policy"], 0),
-            name=r["name"],
-            batch=r["batch"],
-            attainment=r["attainment"],
-            gpu_hours=r["gpu_hours"],
-            wall_s=r["sim_s"],
-        )
-        for r in report["runs"]
-    ]
-
-
 def render(path: Path) -> int:
+    from wok_sim.evaluation_report import markdown, outcomes_of, plot, to_json
+
     report = json.loads(path.read_text())
     outcomes = outcomes_of(report)
     conditions = list(dict.fromkeys(o.job.condition for o in outcomes))
@@ -913,6 +657,8 @@ def render(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wok_sim.evaluation_report import markdown, plot, to_json
+    from wok_sim.held_out import check_held_out, held_out, parse_traces
     from wok_sim.policies import load_registry
 
     if args.render:

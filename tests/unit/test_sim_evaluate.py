@@ -24,17 +24,15 @@ from wok_sim.evaluate import (
     first_jobs,
     frontier,
     frontier_at,
-    held_out,
     judge,
-    markdown,
     matrix,
     misses,
-    parse_traces,
-    plot,
     run_all,
     second_jobs,
     variants_of,
 )
+from wok_sim.evaluation_report import markdown, plot
+from wok_sim.held_out import held_out, parse_traces
 
 CODE = Condition("code", 3.0, 90.0, "loose")
 
