@@ -390,11 +390,20 @@ def run_all(
     journal = journal or Journal(None)
     outcomes = [journal.done[j] for j in jobs if j in journal.done]
     ordered = sorted((j for j in jobs if j not in journal.done), key=lambda j: -j.cost)
+    if outcomes:
+        desc = f"{desc} ({len(outcomes)} from the journal)"
     progress = tqdm(total=len(ordered), desc=desc, unit="sim", file=sys.stderr)
 
     def finished(outcome: Outcome) -> None:
         journal.add(outcome)
         outcomes.append(outcome)
+        # A day's simulation takes minutes: say which finished, and how long it took.
+        condition = outcome.job.condition
+        progress.set_postfix_str(
+            f"{condition.trace_name} ×{condition.scale:g} seed {outcome.job.seed} "
+            f"{outcome.name}: {outcome.wall_s:.0f} s",
+            refresh=False,
+        )
         progress.update()
 
     if workers == 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -109,7 +110,9 @@ def test_a_trace_file_in_each_format_is_scored_like_the_matrix(
     assert f"| {trace.name} ×{asked[-1]:g}, 90 s start, loose SLOs | wok |" in text
 
 
-def test_a_stopped_run_resumes_from_its_journal(tmp_path: Path) -> None:
+def test_a_stopped_run_resumes_from_its_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = mooncake(tmp_path)
     journal = tmp_path / "runs.jsonl"
     whole = evaluate(tmp_path / "whole", str(trace), "--journal", str(journal))
@@ -118,7 +121,12 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path: Path) -> None:
     kept = len(lines) // 2
     planted = json.loads(lines[0]) | {"attainment": 0.123456789}
     journal.write_text("\n".join([json.dumps(planted), *lines[1:kept]]) + "\n" + lines[kept][:20])
+    capsys.readouterr()
     resumed = evaluate(tmp_path / "resumed", str(trace), "--journal", str(journal))
+    # The progress says what the journal gave back and which simulation finished last.
+    err = capsys.readouterr().err
+    assert re.search(r"first seed \(\d+ from the journal\)", err)
+    assert "held_out_mooncake.jsonl ×1 seed" in err
     again = journal.read_text().splitlines()
     assert len(again) == len(lines)  # the other half run once each, the cut line again
     key = ("policy", "seed", "name", "batch")
