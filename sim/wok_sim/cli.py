@@ -29,6 +29,10 @@ DEFAULT_PROFILE = "sim:llama-3-8b-80g"
 #: The default trace is run at three times its rate (overlaid copies): the headline run that
 #: docs/control-law.md and the README quote. Any other trace runs at its own rate by default.
 DEFAULT_TRACE_RATE_SCALE = 3.0
+#: Policies whose variants are static fleets over a range of pod counts at each B, and whose pick
+#: is the smallest fleet at the planner's attainment target: searched by bisection on the pod
+#: count (`fleet_search`; attainment does not fall as pods are added), not one simulation each.
+SEARCHED = ("static-peak",)
 
 #: What each policy name means; `wok simulate --help` prints it and a test keeps it in step with
 #: the registry (a name with digits stands for its family: hpa-concurrency-N).
@@ -49,7 +53,7 @@ POLICIES: dict[str, str] = {
     "wok-fixed-budget": "the law with the step token budget pinned at 2048: the control for "
     "wok-step-budget (not in `all`)",
     "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
-    "(a search over replica counts, one simulation each)",
+    "(a search by bisection over replica counts at each B)",
     "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",
     "hpa-waiting": "the upstream HPA on vllm:num_requests_waiting, average 5 per pod, synced every "
     "15 s",
@@ -256,18 +260,25 @@ def run(args: argparse.Namespace) -> int:
     )
     names = resolve(args.policy)
     registry = load_registry()
-    jobs = [(name, i) for name in names for i in range(len(registry[name].variants(ctx)))]
-    results = _run_all(jobs, ctx, config, slos, workers=args.jobs)
+    jobs = [
+        (name, i)
+        for name in names
+        if name not in SEARCHED
+        for i in range(len(registry[name].variants(ctx)))
+    ]
+    results = _run_all(jobs, ctx, config, slos, workers=args.jobs) if jobs else {}
+    for name in (n for n in names if n in SEARCHED):
+        results |= _search_fleets(name, ctx, config, slos, workers=args.jobs)
     chosen = []
     for name in names:
-        variants = [results[(n, i)] for n, i in jobs if n == name]
+        variants = [results[key] for key in sorted(results) if key[0] == name]
         chosen.append(variants[registry[name].pick(variants)])
     first = chosen[0]
     slowest = max(results.values(), key=lambda r: r.wall_seconds)
     print(
         f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
         f"{profile.max_model_len}), profile {profile.name}, "
-        f"{len(jobs)} simulation{'s' * (len(jobs) != 1)}; the slowest "
+        f"{len(results)} simulation{'s' * (len(results) != 1)}; the slowest "
         f"{slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
         file=sys.stderr,
     )
@@ -283,6 +294,47 @@ def run(args: argparse.Namespace) -> int:
         for path in write_ticks(chosen, args.ticks):
             print(f"ticks: {path}", file=sys.stderr)
     return 0
+
+
+def _search_fleets(
+    name: str, ctx: PolicyContext, config: FleetConfig, slos: Slos, *, workers: int
+) -> dict[tuple[str, int], PolicyResult]:
+    """A `SEARCHED` policy's variants that decide its pick: at each B, the smallest fleet at the
+    attainment target and the largest under it (or, where none reaches it, the smallest at the
+    largest's attainment), found in rounds of simulations, every B's next probe at once. Under
+    attainment monotone in N, the pick over them is the pick over every variant."""
+    from wok_sim.fleet_search import FleetSearch
+    from wok_sim.plan import TARGET_ATTAINMENT
+    from wok_sim.policies import load_registry
+
+    variants = load_registry()[name].variants(ctx)
+    ladders: dict[int | None, list[int]] = {}  # B -> its variants' indices by pod count
+    for i, policy in enumerate(variants):
+        ladders.setdefault(policy.fixed_batch, []).append(i)
+    for ladder in ladders.values():
+        ladder.sort(key=lambda i: variants[i].start().replicas)
+    searches = {
+        batch: FleetSearch(
+            len(ladder), len(ladder) // 3, TARGET_ATTAINMENT, TARGET_ATTAINMENT, plateau=0.0
+        )
+        for batch, ladder in ladders.items()
+    }
+    results: dict[tuple[str, int], PolicyResult] = {}
+    while probes := [
+        (batch, rung) for batch, search in searches.items() for rung in search.next_probes()
+    ]:
+        found = _run_all(
+            [(name, ladders[batch][rung - 1]) for batch, rung in probes],
+            ctx,
+            config,
+            slos,
+            workers=workers,
+        )
+        for batch, rung in probes:
+            result = found[(name, ladders[batch][rung - 1])]
+            searches[batch].add(rung, result.slo_attainment)
+        results |= found
+    return results
 
 
 def rate_scale_of(trace: str, asked: float | None) -> float:

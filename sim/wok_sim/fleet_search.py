@@ -30,10 +30,11 @@ class FleetSearch:
     guess: int  # where the search starts (the planner's fleet for the busiest minute)
     low: float  # the frontier starts at the largest N below this attainment
     high: float  # and ends at the smallest N at or above this one
+    plateau: float = PLATEAU  # 0: where none reaches `high`, the smallest N at the largest's
     seen: dict[int, float] = field(default_factory=dict)  # N -> attainment
 
     def __post_init__(self) -> None:
-        if self.max_replicas < 1 or not 0.0 <= self.low <= self.high <= 1.0:
+        if self.max_replicas < 1 or not 0.0 <= self.low <= self.high <= 1.0 or self.plateau < 0:
             raise ValueError(f"bad fleet search {self}")
         self.guess = min(self.max_replicas, max(1, self.guess))
 
@@ -51,7 +52,7 @@ class FleetSearch:
         """`high`, or just under the largest fleet's attainment where that does not reach it."""
         largest = self.seen.get(self.max_replicas)
         if largest is not None and largest < self.high:
-            return max(0.0, largest - PLATEAU)
+            return max(0.0, largest - self.plateau)
         return self.high
 
     def _probe(self, threshold: float) -> int | None:

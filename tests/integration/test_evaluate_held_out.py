@@ -179,3 +179,24 @@ def test_bisection_finds_the_frontier_a_linear_sweep_finds_on_a_real_trace() -> 
     peak = next(n for n, a in enumerate(curve, 1) if a >= high)
     assert search.span() == range(first, peak + 1) == range(3, 9)
     assert len(search.seen) < len(sweep)
+
+
+def test_static_peak_searched_by_bisection_picks_what_every_variant_would(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`wok simulate --policy static-peak`: the smallest fleet at 99 %, at its B, is the same
+    whether every replica count of every B runs or the search probes them."""
+    import wok_sim.cli
+
+    args = ["simulate", "--trace", "poisson:40:60", "--policy", "static-peak", "--json"]
+    picked, simulations = [], []
+    for searched in (wok_sim.cli.SEARCHED, ()):
+        monkeypatch.setattr(wok_sim.cli, "SEARCHED", searched)
+        assert main([*args, "--jobs", "1"]) == 0
+        out, err = capsys.readouterr()
+        picked.append(json.loads(out)["policies"]["static-peak"])
+        simulations.append(int(re.search(r"(\d+) simulations", err).group(1)))
+    keys = ("slo_attainment", "gpu_hours", "batch_size", "p99_ttft_s")
+    assert [{k: p[k] for k in keys} for p in picked[:1]] == [{k: picked[1][k] for k in keys}]
+    assert picked[0]["slo_attainment"] >= 0.99
+    assert simulations[0] < simulations[1]
