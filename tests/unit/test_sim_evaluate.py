@@ -287,7 +287,7 @@ def test_a_journal_line_cut_short_is_run_again_and_a_bad_one_is_an_error(tmp_pat
 
 def test_where_no_fleet_saturates_the_other_seeds_stop_where_more_pods_buy_nothing() -> None:
     first = [outcome("wok", "wok", None, 0.985, 5.0, seed=s) for s in SEEDS]
-    for n, att in ((1, 0.5), (2, 0.95), (3, 0.997), (4, 0.997 + PLATEAU / 2)):
+    for n, att in ((1, 0.5), (2, 0.95), (3, 0.99), (4, 0.99 + PLATEAU / 2)):
         first.append(outcome(STATIC, f"static-{n}", 16, att, float(n), variant=n * 1000 + 16))
     fleets = sorted({j.variant for j in second_jobs(first, ["wok"]) if j.policy == STATIC})
     assert fleets == [1016, 2016, 3016]  # 4 pods are within PLATEAU of 3: not run again
