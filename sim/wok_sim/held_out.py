@@ -71,14 +71,16 @@ def parse_traces(values: Sequence[str]) -> tuple[list[str], list[tuple[str, tupl
 def held_out(
     files: Sequence[tuple[str, Sequence[float]]], slos: Iterable[str], cold_start_s: float
 ) -> list[Condition]:
-    """A trace file's conditions: each of its scales under each SLO set, at one pod start."""
-    return [
+    """A trace file's conditions: each of its scales under each SLO set, at one pod start (a
+    file named twice runs once)."""
+    conditions = (
         Condition(path, scale, cold_start_s, slo)
         for path, scales in files
         for scale in scales
         for slo in SLO_SETS
         if slo in slos
-    ]
+    )
+    return list(dict.fromkeys(conditions))
 
 
 def check_held_out(conditions: Sequence[Condition]) -> None:

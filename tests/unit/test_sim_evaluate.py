@@ -266,6 +266,10 @@ def test_trace_values_name_built_in_traces_or_files_with_their_scales(tmp_path: 
     names, files = parse_traces(["code,conv", f"{mine}@2,3,2", str(mine), "day"])
     assert names == ["code", "conv", "day"]
     assert files == [(str(mine), (2.0, 3.0)), (str(mine), (1.0,))]
+    assert held_out(files, {"loose"}, 90.0) == [
+        Condition(str(mine), s, 90.0, "loose") for s in (2.0, 3.0, 1.0)
+    ]
+    assert len(held_out([*files, *files], {"loose"}, 90.0)) == 3  # named twice, run once
     conditions = held_out(files[:1], {"tight"}, 30.0)
     assert conditions == [Condition(str(mine), s, 30.0, "tight") for s in (2.0, 3.0)]
     assert conditions[0].label == "mine.jsonl ×2, 30 s start, tight SLOs"
