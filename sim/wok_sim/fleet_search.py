@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 # Within this of the largest fleet's attainment, more pods buy nothing worth a simulation: the
 # routing draw alone moves a fleet's attainment by as much (the Mooncake excerpt at tight SLOs
-# wanders between 99.2 and 99.8 % from 13 pods to 32).
+# wanders between 99.2 and 99.9 % from 13 pods to 28).
 PLATEAU = 0.005
 
 
 @dataclass
 class FleetSearch:
-    """The pod counts one (trace draw, B) needs, in [1, `max_replicas`], from a first guess."""
+    """The pod counts one frontier needs (of one B, or of each N at its best B), in
+    [1, `max_replicas`], from a first guess."""
 
     max_replicas: int
     guess: int  # where the search starts (the planner's fleet for the busiest minute)
