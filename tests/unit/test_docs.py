@@ -102,13 +102,33 @@ def console_blocks(doc: Path) -> list[tuple[str, list[str]]]:
     return shown
 
 
-def test_the_readme_budget_example_prints_what_it_shows(capsys):
-    [(command, printed)] = [
-        (c, p) for c, p in console_blocks(ROOT / "README.md") if c.startswith("wok budget")
+#: A console block may elide part of what a command prints with a line of its own.
+ELIDED = "[…]"
+#: The commands whose console blocks run here, in a second each, and must print what they show.
+RUNNABLE = ("wok budget", "wok plan")
+
+
+def runnable_console_blocks() -> list[tuple[str, str, list[str]]]:
+    return [
+        (doc.name, command, printed)
+        for doc in DOCS
+        for command, printed in console_blocks(doc)
+        if command.startswith(RUNNABLE)
     ]
-    assert main(shlex.split(command)[1:]) == 0
+
+
+def test_the_readme_and_the_simulate_doc_show_a_whole_wok_plan_to_copy():
+    shown = {(doc, command.split()[1]) for doc, command, _ in runnable_console_blocks()}
+    assert {("README.md", "plan"), ("simulate.md", "plan")} <= shown
+
+
+@pytest.mark.parametrize(("doc", "command", "printed"), runnable_console_blocks())
+def test_every_budget_and_plan_block_prints_what_it_shows(doc, command, printed, capsys):
+    assert main(shlex.split(command)[1:]) == 0, f"{doc}: {command}"
     out = capsys.readouterr().out.splitlines()
-    assert [line for line in printed if line not in out] == []
+    assert [line for line in printed if line != ELIDED and line not in out] == [], doc
+    if ELIDED not in printed:
+        assert printed == out, f"{doc}: `{command}` shows part of its output without {ELIDED}"
 
 
 def test_the_production_example_names_a_budget_command_that_shows_its_numbers(capsys):
