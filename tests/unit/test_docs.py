@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
@@ -16,14 +17,17 @@ from wok.cli import build_parser, main
 from wok_contracts.traces import DEFAULT_SCRIPT
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
+from wok_runtime.model_config import ModelType
 from wok_sim.cli import POLICIES
 from wok_sim.columns import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Words that point at the project's history rather than at anything in the repository.
+#: Nor do the paths of the machine the repository was worked on.
 HISTORY = re.compile(
-    r"issue ?[0-9]|\b(?:the|this|an?) issu[e]\b|issu[e]'s|issu[e] note|stop ?[0-9]+|\bbri[e]f\b",
+    r"issue ?[0-9]|\b(?:the|this|an?) issu[e]\b|issu[e]'s|issu[e] note|stop ?[0-9]+|\bbri[e]f\b"
+    r"|/wor[k]/",
     re.IGNORECASE,
 )
 #: Folders that are not the project's text: version control, caches, build output.
@@ -38,7 +42,8 @@ def source_files() -> list[Path]:
     files = []
     for folder, subfolders, names in os.walk(ROOT):
         subfolders[:] = [name for name in subfolders if is_source(name)]
-        files += [Path(folder, name) for name in names]
+        # A linked checkout's `.git` is a file naming where its repository lives.
+        files += [Path(folder, name) for name in names if name != ".git"]
     return files
 
 
@@ -197,3 +202,11 @@ def test_the_readme_gpu_status_matches_bench_results():
         assert gpu_results == []
     else:
         assert gpu_results, "the README claims a GPU run that bench/results does not hold"
+
+
+def test_the_readme_at_a_glance_names_every_family_the_runtime_serves():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    top = readme[: readme.index("## Two commands")]
+    [models] = re.findall(r"\*\*Models\*\*: (.*?)(?: - \*\*|$)", top)
+    assert [t for t in get_args(ModelType) if f"`{t}`" not in models] == []
+    assert "Llama-architecture" not in models
