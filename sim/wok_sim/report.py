@@ -184,6 +184,7 @@ def headline(results: Sequence[PolicyResult], *, target: float) -> str:
     that never reached `target` is said to, with its best."""
     by_name = {r.name: r for r in results}
     first = results[0]
+    goal = f"{100 * target:g} %"
     parts = [
         f"{first.name} served {_percent(first.slo_attainment)} of requests within every SLO "
         f"on {first.gpu_hours:.2f} GPU-hours"
@@ -194,13 +195,13 @@ def headline(results: Sequence[PolicyResult], *, target: float) -> str:
         batch = "" if fixed.batch_size is None else f" at batch {fixed.batch_size}"
         if fixed.slo_attainment >= target:
             parts.append(
-                f"the cheapest fixed fleet that reaches {_percent(target)} ({HEADLINE_FIXED}) "
+                f"the cheapest fixed fleet that reaches {goal} ({HEADLINE_FIXED}) "
                 f"needs {pods} pod{'s' * (pods != 1)}{batch}, {fixed.gpu_hours:.2f} GPU-hours, "
                 f"for {_percent(fixed.slo_attainment)}"
             )
         else:
             parts.append(
-                f"no fixed fleet tried reaches {_percent(target)} ({HEADLINE_FIXED}'s best: "
+                f"no fixed fleet tried reaches {goal} ({HEADLINE_FIXED}'s best: "
                 f"{pods} pod{'s' * (pods != 1)}{batch}, {_percent(fixed.slo_attainment)})"
             )
     hpa = by_name.get(HEADLINE_HPA)

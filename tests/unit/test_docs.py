@@ -75,7 +75,8 @@ def shown_commands() -> list[tuple[str, str]]:
     """Every `wok …` command line in the docs' code blocks, continuations joined, with where."""
     found = []
     for doc in DOCS:
-        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", doc.read_text(), re.M | re.S)
+        # A ```text block is what a command printed, not a command.
+        blocks = re.findall(r"^```(?!text)[a-z]*\n(.*?)^```", doc.read_text(), re.M | re.S)
         for block in blocks:
             text = block.replace("\\\n", " ")
             for line in text.splitlines():
@@ -167,11 +168,32 @@ def test_the_simulate_doc_explains_every_column_and_policy_and_quotes_the_defaul
     assert explicit["rate_scale"] == 3.0 and default["rate_scale"] is None
 
 
-def test_the_readme_quotes_the_figures_of_the_default_run_in_the_simulate_doc():
+def default_run_in_the_simulate_doc() -> tuple[str, dict[str, dict[str, str]]]:
+    """The sentence and the table rows (by policy, by column) the simulate doc quotes."""
     doc = (ROOT / "docs" / "simulate.md").read_text()
-    header, _, *rows = re.findall(r"^```\n(.*?)^```", doc, re.M | re.S)[0].splitlines()
+    sentence, table = re.findall(r"^```text\n(.*?)^```", doc, re.M | re.S)[0].split("\n\n")
+    header, _, *rows = table.splitlines()
     columns = header.split()
     by_policy = {row.split()[0]: dict(zip(columns, row.split(), strict=True)) for row in rows}
+    return " ".join(sentence.split()), by_policy
+
+
+def test_the_simulate_doc_sentence_quotes_its_own_table():
+    sentence, by_policy = default_run_in_the_simulate_doc()
+    wok, peak, hpa = by_policy["wok"], by_policy["static-peak"], by_policy["hpa-waiting"]
+
+    def share(row: dict[str, str]) -> str:
+        return row["all"].replace("%", " %")
+
+    assert sentence.startswith(
+        f"wok served {share(wok)} of requests within every SLO on {wok['GPU-h']} GPU-hours; "
+    )
+    assert f"at batch {peak['B']}, {peak['GPU-h']} GPU-hours, for {share(peak)};" in sentence
+    assert sentence.endswith(f"(hpa-waiting) served {share(hpa)} on {hpa['GPU-h']} GPU-hours.")
+
+
+def test_the_readme_quotes_the_figures_of_the_default_run_in_the_simulate_doc():
+    _, by_policy = default_run_in_the_simulate_doc()
     wok, peak = by_policy["wok"], by_policy["static-peak"]
     readme = " ".join((ROOT / "README.md").read_text().split())
     share = wok["all"].removesuffix("%")

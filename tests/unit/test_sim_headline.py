@@ -29,7 +29,7 @@ def test_the_sentence_names_the_law_the_fixed_fleet_and_the_hpa():
     sentence = headline([WOK, row("sign-step", 0.05, 1.0), PEAK, HPA], target=0.99)
     assert sentence == (
         "wok served 98.8 % of requests within every SLO on 4.71 GPU-hours; the cheapest fixed "
-        "fleet that reaches 99.0 % (static-peak) needs 32 pods at batch 32, 5.73 GPU-hours, for "
+        "fleet that reaches 99 % (static-peak) needs 32 pods at batch 32, 5.73 GPU-hours, for "
         "99.5 %; the HPA on the queue (hpa-waiting) served 78.3 % on 11.10 GPU-hours."
     )
 
@@ -38,7 +38,7 @@ def test_a_fixed_fleet_short_of_the_target_is_said_to_be():
     short = dataclasses.replace(PEAK, slo_attainment=0.97)
     sentence = headline([WOK, short], target=0.99)
     assert (
-        "no fixed fleet tried reaches 99.0 % (static-peak's best: 32 pods at batch 32, 97.0 %)"
+        "no fixed fleet tried reaches 99 % (static-peak's best: 32 pods at batch 32, 97.0 %)"
         in sentence
     )
     assert "HPA" not in sentence
