@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 #: The simulated part: the law, the HPA on the queue (what most teams would try first) and the
 #: fixed fleet sized in hindsight, on the same arrivals, at the headline run's 90 s pod start.
+DEMO_TRACE = "script"  # the default load script: a busy quarter-hour (wok_contracts.traces)
 DEMO_POLICIES = "wok,hpa-waiting,static-peak"
 DEMO_POD_START_S = 90.0
 DEMO_SLO_TTFT_S = 2.0
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     sim_cli.add_arguments(simulate)
     # TTFT and TPOT only: the script's long answers take longer than the headline run's 5 s E2E
     # SLO at any batch, which no autoscaler can change.
-    sim_args = ["--trace", "script", "--slo-e2e", "0", "--policy", DEMO_POLICIES]
+    sim_args = ["--trace", DEMO_TRACE, "--slo-e2e", "0", "--policy", DEMO_POLICIES]
     sim_args += ["--slo-ttft", f"{DEMO_SLO_TTFT_S:g}", "--cold-start", f"{DEMO_POD_START_S:g}"]
     sim_args += ["--plot", str(args.out), "--ticks", str(args.out)]
     sim_cli.run(simulate.parse_args(sim_args))

@@ -3,6 +3,8 @@ from how many, when that pod served, and when the P99 TTFT it saw was over the S
 
 from __future__ import annotations
 
+from wok import demo
+from wok.cli import main
 from wok.demo import what_the_law_did
 from wok_sim.fleet import Tick
 
@@ -35,3 +37,15 @@ def test_a_run_without_a_scale_up_or_a_breach_says_so():
     assert "wok starts with 1 pod," in story
     assert "It never needed more than 1." in story
     assert "stayed within the 2 s SLO throughout" in story
+
+
+def test_the_simulated_part_prints_the_sentence_the_table_and_the_story(
+    monkeypatch, tmp_path, capsys
+):
+    # A short ramp instead of the quarter-hour: the same wiring in seconds.
+    monkeypatch.setattr(demo, "DEMO_TRACE", "script:30@1,60@1-10")
+    assert main(["demo", "--no-live", "--out", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "wok served " in out and "(static-peak)" in out and "(hpa-waiting) served" in out
+    assert "wok starts with " in out and "static-peak is sized in hindsight" in out
+    assert (tmp_path / "simulate-comparison.png").stat().st_size > 0
