@@ -13,10 +13,12 @@ all: test
 
 # One stamp per set of extras: `make demo` installs only what the demo runs, the rest all of dev.
 # torch is a multi-GB wheel: installed once, then reused (pip sees it satisfied).
+# setuptools tells every editable install, as a warning banner, that the `wok/` folder shares the
+# package's name; it asks nothing of the user, so pip is told to drop that one warning.
 define install_extras
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(1)]'
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[$(1)]'
 	@touch $@
 endef
 

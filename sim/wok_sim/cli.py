@@ -285,6 +285,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(chosen))
     else:
+        from wok_sim.plan import TARGET_ATTAINMENT
+        from wok_sim.report import headline
+
+        print(textwrap.fill(headline(chosen, target=TARGET_ATTAINMENT), 100), end="\n\n")
         print(table(chosen))
     if args.plot:
         arrivals = [r.arrival_s for r in requests]

@@ -120,7 +120,11 @@ def test_the_default_run_is_the_documented_headline_run():
 def test_the_table_is_aligned_and_stderr_has_no_long_line(capsys):
     assert main([*SHORT[:-4], "--policy", "wok,sign-step", "--jobs", "1"]) == 0
     captured = capsys.readouterr()
-    lines = captured.out.strip().splitlines()
+    sentence, table = captured.out.strip().split("\n\n")
+    # The sentence comes first, wrapped for a terminal, and speaks of the first policy.
+    assert sentence.startswith("wok served ") and "sign-step" not in sentence
+    assert max(len(line) for line in sentence.splitlines()) <= 100
+    lines = table.splitlines()
     assert lines[0].split() == [header for header, _ in COLUMNS]
     assert set(lines[1]) == {"-"}
     assert [line.split()[0] for line in lines[2:]] == ["wok", "sign-step"]
