@@ -15,6 +15,10 @@ warm start); the static fleets and the baselines pick their B and target in hind
 real deployment can, so they are an upper bound on what tuning them buys. The matrix is a list
 of jobs (one simulation each) run in a process pool; `--quick` runs a small one for tests.
 
+`SWEPT_BASELINES` is the one table of rivals: a policy registered with its sweep (its variants
+its targets × B, each named with its target) joins every condition by adding its name there;
+`--baselines` runs a subset.
+
 `--trace PATH[@SCALE,…]` runs the same protocol on a trace file of your own (held out: the law
 was never tuned on it): every scale given, a 90 s pod start (`--cold-start`), each SLO set.
 The static fleets of a frontier are found by bisection on the pod count (`fleet_search`).
