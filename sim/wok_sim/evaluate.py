@@ -608,7 +608,8 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--baselines",
         default=",".join(SWEPT_BASELINES),
-        help="the swept rivals run on every condition: NAME[,NAME…] or none",
+        help="the swept rivals run on every condition: NAME[,NAME…] or none (default: all, "
+        f"{', '.join(SWEPT_BASELINES)})",
     )
     parser.add_argument("--quick", action="store_true", help="a two-condition matrix (minutes)")
     parser.add_argument(
