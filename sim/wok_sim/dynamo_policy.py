@@ -118,7 +118,10 @@ def _variants(
 
 register(
     "dynamo-planner",
-    PolicyEntry(variants=_variants("constant", (1.0,), base="dynamo-planner", named=False)),
+    PolicyEntry(
+        variants=_variants("constant", (1.0,), base="dynamo-planner", named=False),
+        in_all=False,
+    ),
 )
 for _predictor in ("arima", "prophet"):
     _name = f"dynamo-planner-{_predictor}"

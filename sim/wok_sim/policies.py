@@ -69,6 +69,7 @@ POLICY_MODULES = (
     "wok_sim.budget_policy",
     "wok_sim.aibrix_policy",
     "wok_sim.dynamo_policy",
+    "wok_sim.wva_policy",
 )
 
 

@@ -22,7 +22,7 @@ from wok_sim.aibrix import (
     kpa_recommendation,
     kpa_target_replicas,
 )
-from wok_sim.aibrix_policy import AibrixPolicy, kv_samples
+from wok_sim.aibrix_policy import AibrixPolicy, pod_samples
 from wok_sim.policies import PolicyContext
 from wok_sim.policy import FleetView, PodSample
 
@@ -164,7 +164,9 @@ def _ctx() -> PolicyContext:
 
 
 def test_a_loading_pod_is_left_out_of_the_mean() -> None:
-    assert kv_samples(_view(0.0, 3, [0.9, 0.7], pending=1)) == [0.9, 0.7]
+    view = _view(0.0, 3, [0.9, 0.7], pending=1)
+    assert pod_samples(view) == [0.9, 0.7]
+    assert pod_samples(view, "waiting") == [0.0, 0.0]
 
 
 def test_apa_policy_scales_on_kv_usage_and_holds_without_samples() -> None:
