@@ -25,7 +25,7 @@ from wok_sim import dynamo
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 
-SLA_SCALES = (0.25, 0.5, 0.75, 1.0)
+SLA_SCALES = (0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 class DynamoPlannerPolicy:

@@ -29,7 +29,7 @@ from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 
 OPTIMIZATION_INTERVAL_S = 60.0
-TARGET_SCALES = (0.25, 0.5, 0.75, 1.0)
+TARGET_SCALES = (0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 def service_parms(costs: StepCosts, size: wva.RequestSize) -> wva.ServiceParms:
