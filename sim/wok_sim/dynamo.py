@@ -21,6 +21,7 @@ the decode count.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -164,6 +165,8 @@ class ProphetPredictor(ConstantPredictor):
         super().__init__()
         self.pandas = _require("pandas", "Prophet")
         self.prophet = _require("prophet", "Prophet")
+        for chatty in ("prophet", "cmdstanpy"):  # upstream quiets them too
+            logging.getLogger(chatty).setLevel(logging.WARNING)
         self.step_size_s = step_size_s
         self.window_size = window_size
         self.log1p = log1p
