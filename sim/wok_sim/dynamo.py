@@ -261,7 +261,8 @@ def find_best_engine_agg_rps(
 ) -> tuple[float, float, float]:
     """The most requests/s one aggregated engine serves within both targets, with its TTFT and
     ITL (ms): the largest batch whose iteration meets the ITL and whose next request meets the
-    TTFT, by Little's law rps = batch / (osl × iteration). (0, 0, 0) on empty inputs."""
+    TTFT, by Little's law rps = batch / (osl × iteration). (0, 0, 0) on empty inputs. The next
+    request's prompt in the TTFT estimate is `isl` (upstream: its engines' running mean ISL)."""
     if isl <= 0 or osl <= 0 or max_num_batched_tokens <= 0:
         return (0.0, 0.0, 0.0)
     avg_ctx = isl + osl / 2.0
