@@ -175,3 +175,10 @@ def test_apa_policy_scales_on_kv_usage_and_holds_without_samples() -> None:
     assert policy.decide(_view(0.0, 2, [None, None])).replicas == 2  # no sample: hold
     # mean 0.9 vs 0.5: ceil(2 × 1.8) = 4 (within the ×2 rate cap)
     assert policy.decide(_view(10.0, 2, [0.9, 0.9])).replicas == 4
+
+
+def test_replica_bounds_come_before_any_metric() -> None:
+    from wok_sim.aibrix import boundary_decision
+
+    ctx = ScalingContext(target=0.5, min_replicas=1, max_replicas=4)
+    assert [boundary_decision(ctx, n) for n in (0, 1, 4, 6)] == [0, None, None, 4]
