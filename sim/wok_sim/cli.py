@@ -64,6 +64,26 @@ POLICIES: dict[str, str] = {
     "the batch sizes; the best in hindsight (not in `all`)",
     "keda-waiting-swept": "KEDA on the summed waiting queue, its threshold swept over 1…20 and B "
     "over the batch sizes; the best in hindsight (not in `all`)",
+    "aibrix-kpa": "AIBrix's KPA (stable and panic windows) on each pod's KV cache usage, target "
+    "0.5, as AIBrix's samples (not in `all`)",
+    "aibrix-apa": "AIBrix's APA (tolerance band, scale rates) on each pod's KV cache usage, "
+    "target 0.5 (not in `all`)",
+    "aibrix-kpa-swept": "the KPA on KV usage 0.05…0.5 and on the waiting queue 2…100, every B; "
+    "the best in hindsight (not in `all`)",
+    "aibrix-apa-swept": "the APA on KV usage 0.05…0.5 and on the waiting queue 2…100, every B; "
+    "the best in hindsight (not in `all`)",
+    "dynamo-planner": "Dynamo's SLA planner, aggregated: constant load predictor, replicas from "
+    "the profile's engine rate at the SLOs (not in `all`)",
+    "dynamo-planner-arima": "the planner with its ARIMA load predictor (the `field` extra; not "
+    "in `all`)",
+    "dynamo-planner-prophet": "the planner with its Prophet load predictor (the `field` extra; "
+    "not in `all`)",
+    "dynamo-planner-swept": "the planner with its TTFT and ITL targets scaled by 0.2…1, every B; "
+    "the best in hindsight (not in `all`)",
+    "wva": "llm-d's Workload Variant Autoscaler: its queueing model sizes one variant for the "
+    "SLOs (not in `all`)",
+    "wva-swept": "WVA with its targets scaled by 0.2…1, every B; the best in hindsight (not in "
+    "`all`)",
     "ceiling": "a bound, not a policy: every pod (--max-replicas) asked for at the first tick; "
     "no autoscaler serves more within the SLOs at that pod start (its GPU-hours mean nothing)",
 }

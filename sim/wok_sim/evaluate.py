@@ -63,7 +63,14 @@ RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the firs
 # cheapest fleet at 99 %) reaches 99.5 %, the policy's mean must reach 99 %.
 PEAK_REACHES, PEAK_GOAL = 0.995, 0.99
 MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered are run
-SWEPT_BASELINES = ("hpa-concurrency-swept", "keda-waiting-swept")
+SWEPT_BASELINES = (
+    "hpa-concurrency-swept",
+    "keda-waiting-swept",
+    "aibrix-kpa-swept",
+    "aibrix-apa-swept",
+    "dynamo-planner-swept",
+    "wva-swept",
+)
 STATIC = "static"
 PROFILE = "sim:llama-3-8b-80g"
 MAX_REPLICAS = 32
