@@ -1,0 +1,207 @@
+"""Whether bodies under the size limit, sent four at once, can stall the runtime's event loop.
+
+Why: the event loop answers the readiness probe (every 2 s, 1 s timeout, unready after two
+misses) and feeds every running stream. A body of hundreds of thousands of tiny JSON values
+costs seconds to parse and validate, and that work held the loop. The goal: `/healthz` P99 under
+100 ms while four such bodies arrive at once, and no running stream paused more than 100 ms.
+
+This starts `wok runtime serve` (builtin:tiny on the CPU, `--max-model-len 256`) once per
+interpreter given (`--python`, repeatable: a venv whose `wok` is another checkout runs that
+checkout's server, so before and after run side by side, alternating by round). Per body kind
+and round: one stream decodes throughout; four copies of the body are sent at once on four
+threads while another thread probes `/healthz` every 10 ms. Reported per kind: the bodies'
+statuses, the probes' P50 / P99 / max over the rounds, and the longest pause between two of
+the stream's chunks while the bodies were in flight (and the longest with no bodies at all).
+
+    .venv/bin/python bench/probe_stall.py [--python A --python B] [--rounds 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+BODIES: dict[str, Callable[[], bytes]] = {
+    "230k messages": lambda: json.dumps(
+        {"messages": [{"role": "user", "content": "x"}] * 230_000, "max_tokens": 2}
+    ).encode(),
+    "150k content parts": lambda: json.dumps(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 150_000}]}
+    ).encode(),
+    "1.3M stop strings": lambda: json.dumps({"prompt": "x", "stop": ["a"] * 1_300_000}).encode(),
+    "2.6M token ids": lambda: json.dumps({"prompt": [1] * 2_600_000}).encode(),
+}
+PARALLEL = 4
+PROBE_EVERY_S = 0.01
+
+
+def start(python: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [python, "-m", "wok.cli", "runtime", "serve", "--model", "builtin:tiny",
+            "--port", str(port), "--max-model-len", "256", "--kv-cache-bytes", "4000000",
+            "--log-level", "warning", "--unready-seconds", "0"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"the server did not start:\n{log.read_text()}")
+
+
+class Stream(threading.Thread):
+    """Streams one long completion after another and records when each chunk arrived."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.arrivals: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        body = {"prompt": [5, 6, 7], "max_tokens": 240, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=120) as http:
+            while not self.stop.is_set():
+                with http.stream("POST", f"{self.url}/v1/completions", json=body) as r:
+                    for _ in r.iter_lines():
+                        self.arrivals.append(time.perf_counter())
+                        if self.stop.is_set():
+                            break
+
+    def longest_pause(self, start: float, end: float) -> float:
+        times = [t for t in self.arrivals if start <= t <= end]
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+
+def one_round(url: str, body: bytes, stream: Stream) -> dict[str, object]:
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        r = httpx.post(
+            f"{url}/v1/chat/completions" if b'"messages"' in body[:20] else f"{url}/v1/completions",
+            content=body,
+            headers={"Content-Type": "application/json"},
+            timeout=300,
+        )
+        with lock:
+            statuses.append(r.status_code)
+
+    senders = [threading.Thread(target=send) for _ in range(PARALLEL)]
+    probes: list[float] = []
+    started = time.perf_counter()
+    for sender in senders:
+        sender.start()
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while any(s.is_alive() for s in senders):
+            t0 = time.perf_counter()
+            assert http.get("/healthz").status_code == 200
+            probes.append(time.perf_counter() - t0)
+            time.sleep(PROBE_EVERY_S)
+    ended = time.perf_counter()
+    return {
+        "statuses": sorted(statuses),
+        "seconds": ended - started,
+        "probes": probes,
+        "stream_pause_s": stream.longest_pause(started, ended),
+    }
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", action="append", default=None, help="an interpreter")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    pythons = args.python or [sys.executable]
+    bodies = {name: make() for name, make in BODIES.items()}
+    servers = {}
+    results: dict[str, dict[str, list[dict[str, object]]]] = {p: {} for p in pythons}
+    idle_pause: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for i, python in enumerate(pythons):
+                servers[python] = start(python, Path(tmp) / f"server-{i}.log")
+            streams = {p: Stream(url) for p, (_, url) in servers.items()}
+            for stream in streams.values():
+                stream.start()
+            time.sleep(3)
+            for python, stream in streams.items():
+                now = time.perf_counter()
+                idle_pause[python] = stream.longest_pause(now - 3, now)
+            for round_ in range(args.rounds):
+                for name, body in bodies.items():
+                    order = pythons if round_ % 2 == 0 else pythons[::-1]
+                    for python in order:
+                        url = servers[python][1]
+                        out = one_round(url, body, streams[python])
+                        results[python].setdefault(name, []).append(out)
+                        print(
+                            f"{python} {name} round {round_}: {out['statuses']} "
+                            f"{out['seconds']:.2f} s, probe max "
+                            f"{max(out['probes']) * 1000:.0f} ms, stream pause "
+                            f"{out['stream_pause_s'] * 1000:.0f} ms",
+                            file=sys.stderr,
+                        )
+            for stream in streams.values():
+                stream.stop.set()
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(timeout=60)
+    summary = {}
+    for python, kinds in results.items():
+        rows = {}
+        for name, runs in kinds.items():
+            probes = [x for run in runs for x in run["probes"]]  # type: ignore[attr-defined]
+            rows[name] = {
+                "body_bytes": len(bodies[name]),
+                "statuses": sorted({s for run in runs for s in run["statuses"]}),  # type: ignore[attr-defined]
+                "round_seconds_median": statistics.median(run["seconds"] for run in runs),  # type: ignore[misc]
+                "probes": len(probes),
+                "probe_p50_ms": 1000 * quantile(probes, 0.5),
+                "probe_p99_ms": 1000 * quantile(probes, 0.99),
+                "probe_max_ms": 1000 * max(probes),
+                "stream_pause_max_ms": 1000 * max(run["stream_pause_s"] for run in runs),  # type: ignore[type-var]
+            }
+        summary[python] = {"idle_stream_pause_ms": 1000 * idle_pause[python], "bodies": rows}
+    for python, data in summary.items():
+        print(f"\n{python} (stream pause with no bodies: {data['idle_stream_pause_ms']:.0f} ms)")
+        print("| body | bytes | status | round | probes | P50 | P99 | max | stream pause |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, row in data["bodies"].items():
+            print(
+                f"| {name} | {row['body_bytes']:,} | {row['statuses']} | "
+                f"{row['round_seconds_median']:.2f} s | {row['probes']} | "
+                f"{row['probe_p50_ms']:.1f} ms | {row['probe_p99_ms']:.1f} ms | "
+                f"{row['probe_max_ms']:.1f} ms | {row['stream_pause_max_ms']:.0f} ms |"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
