@@ -19,6 +19,7 @@ the stream's chunks while the bodies were in flight (and the longest with no bod
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import socket
 import statistics
@@ -87,7 +88,7 @@ class Stream(threading.Thread):
 
     def longest_pause(self, start: float, end: float) -> float:
         times = [t for t in self.arrivals if start <= t <= end]
-        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 def one_round(url: str, body: bytes, stream: Stream) -> dict[str, object]:
