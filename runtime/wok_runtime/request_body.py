@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ log = logging.getLogger("wok.runtime.server")
 
 #: Bodies up to this size are parsed on the event loop: a few milliseconds at worst.
 INLINE_BYTES = 32 * 1024
+WORKER_NICENESS = 10
 
 Kind = Literal["completion", "chat"]
 MODELS: dict[Kind, type[p._Request]] = {
@@ -155,7 +157,10 @@ class BodyParser:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         context = multiprocessing.get_context("spawn")
-        return ProcessPoolExecutor(max_workers=1, mp_context=context)
+        # Niced: on a busy host the engine and the event loop get the cores first.
+        return ProcessPoolExecutor(
+            max_workers=1, mp_context=context, initializer=os.nice, initargs=(WORKER_NICENESS,)
+        )
 
     async def start(self) -> None:
         """Starts the worker and waits until it has parsed one body (its imports are done)."""
