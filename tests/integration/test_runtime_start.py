@@ -76,7 +76,8 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path: Path):
         taken.listen()
         port = taken.getsockname()[1]
         argv = [sys.executable, "-m", "wok.cli", "runtime", "serve", "--device", "sim",
-                "--profile", "sim:llama-3-8b-80g", "--port", str(port), "--log-level", "info"]  # fmt: skip
+                "--profile", "sim:llama-3-8b-80g", "--port", str(port),
+                "--log-level", "info"]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "ready: serving" not in done.stderr

@@ -14,6 +14,7 @@ from wok_runtime import protocol as p
 from wok_runtime.request_body import BodyError, BodyParser, Kind, parse
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+PART = {"type": "text", "text": "x"}
 
 
 def refusal(kind: Kind, body: object) -> BodyError:
@@ -28,8 +29,8 @@ def refusal(kind: Kind, body: object) -> BodyError:
     [
         ("chat", {"messages": [{"role": "user", "content": "x"}] * 2049}, "messages",
          "at most 2,048 messages are supported, got 2,049"),
-        ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 1025}] * 2},
-         "messages", "at most 2,048 content parts (in all messages) are supported, got 2,050"),
+        ("chat", {"messages": [{"role": "user", "content": [PART] * 1025}] * 2}, "messages",
+         "at most 2,048 content parts (in all messages) are supported, got 2,050"),
         ("completion", {"prompt": "x", "stop": ["a"] * 1_300_000}, "stop",
          "at most 4 stop strings are supported, got 1,300,000"),
         ("completion", {"prompt": [1] * 1_000_001}, "prompt",
