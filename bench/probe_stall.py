@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import socket
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -91,34 +93,40 @@ class Stream(threading.Thread):
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
-def one_round(url: str, body: bytes, stream: Stream) -> dict[str, object]:
-    statuses: list[int] = []
-    lock = threading.Lock()
+_BODY_CACHE: dict[str, bytes] = {}
 
-    def send() -> None:
-        r = httpx.post(
-            f"{url}/v1/chat/completions" if b'"messages"' in body[:20] else f"{url}/v1/completions",
-            content=body,
-            headers={"Content-Type": "application/json"},
-            timeout=300,
-        )
-        with lock:
-            statuses.append(r.status_code)
 
-    senders = [threading.Thread(target=send) for _ in range(PARALLEL)]
+def build_all() -> None:
+    """A sender process builds every body once, before any round."""
+    for name, make in BODIES.items():
+        _BODY_CACHE[name] = make()
+
+
+def send(url: str, name: str) -> int:
+    """POSTs the body `name` and returns the status."""
+    body = _BODY_CACHE[name]
+    path = "/v1/chat/completions" if name.endswith(("messages", "parts")) else "/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    return httpx.post(f"{url}{path}", content=body, headers=headers, timeout=300).status_code
+
+
+def one_round(
+    url: str, name: str, stream: Stream, senders: ProcessPoolExecutor
+) -> dict[str, object]:
+    """Four bodies at once, from processes of their own (so that building and sending them
+    takes no time from the threads that measure)."""
     probes: list[float] = []
     started = time.perf_counter()
-    for sender in senders:
-        sender.start()
+    sent = [senders.submit(send, url, name) for _ in range(PARALLEL)]
     with httpx.Client(base_url=url, timeout=30) as http:
-        while any(s.is_alive() for s in senders):
+        while not all(f.done() for f in sent):
             t0 = time.perf_counter()
             assert http.get("/healthz").status_code == 200
             probes.append(time.perf_counter() - t0)
             time.sleep(PROBE_EVERY_S)
     ended = time.perf_counter()
     return {
-        "statuses": sorted(statuses),
+        "statuses": sorted(f.result() for f in sent),
         "seconds": ended - started,
         "probes": probes,
         "stream_pause_s": stream.longest_pause(started, ended),
@@ -137,7 +145,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     pythons = args.python or [sys.executable]
-    bodies = {name: make() for name, make in BODIES.items()}
+    sizes = {name: len(make()) for name, make in BODIES.items()}
     servers = {}
     results: dict[str, dict[str, list[dict[str, object]]]] = {p: {} for p in pythons}
     idle_pause: dict[str, float] = {}
@@ -148,16 +156,20 @@ def main() -> int:
             streams = {p: Stream(url) for p, (_, url) in servers.items()}
             for stream in streams.values():
                 stream.start()
+            senders = ProcessPoolExecutor(
+                PARALLEL, mp_context=multiprocessing.get_context("spawn"), initializer=build_all
+            )
+            list(senders.map(time.sleep, [0.5] * PARALLEL))  # all four have built the bodies
             time.sleep(3)
             for python, stream in streams.items():
                 now = time.perf_counter()
                 idle_pause[python] = stream.longest_pause(now - 3, now)
             for round_ in range(args.rounds):
-                for name, body in bodies.items():
+                for name in BODIES:
                     order = pythons if round_ % 2 == 0 else pythons[::-1]
                     for python in order:
                         url = servers[python][1]
-                        out = one_round(url, body, streams[python])
+                        out = one_round(url, name, streams[python], senders)
                         results[python].setdefault(name, []).append(out)
                         print(
                             f"{python} {name} round {round_}: {out['statuses']} "
@@ -168,6 +180,7 @@ def main() -> int:
                         )
             for stream in streams.values():
                 stream.stop.set()
+            senders.shutdown()
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
@@ -178,7 +191,7 @@ def main() -> int:
         for name, runs in kinds.items():
             probes = [x for run in runs for x in run["probes"]]  # type: ignore[attr-defined]
             rows[name] = {
-                "body_bytes": len(bodies[name]),
+                "body_bytes": sizes[name],
                 "statuses": sorted({s for run in runs for s in run["statuses"]}),  # type: ignore[attr-defined]
                 "round_seconds_median": statistics.median(run["seconds"] for run in runs),  # type: ignore[misc]
                 "probes": len(probes),
