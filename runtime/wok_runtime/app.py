@@ -1,6 +1,5 @@
-"""The FastAPI app over an engine: its lifespan (start, the body parser's worker, simulated load,
-warm-up, shutdown), the request-body limits and the error handlers that give every failure
-OpenAI's error shape."""
+"""The FastAPI app over an engine: its lifespan (start, simulated load, warm-up, shutdown), the
+request-body limits and the error handlers that give every failure OpenAI's error shape."""
 
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await server.body_parser.start()
         engine.start()
         loading = None
         if config.load_seconds > 0:

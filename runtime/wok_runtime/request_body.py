@@ -149,7 +149,8 @@ def parse(kind: Kind, body: bytes, content_type: str | None = None) -> p._Reques
 
 class BodyParser:
     """Parses large bodies in one worker process (spawned, so it shares no thread or lock of
-    the engine's), small ones inline. `start` before serving, `close` after."""
+    the engine's), small ones inline. The worker starts with the first large body, so a server
+    that never gets one never pays for it (a second of start, tens of MB); `close` at shutdown."""
 
     def __init__(self, inline_bytes: int = INLINE_BYTES) -> None:
         self.inline_bytes = inline_bytes
@@ -162,20 +163,18 @@ class BodyParser:
             max_workers=1, mp_context=context, initializer=os.nice, initargs=(WORKER_NICENESS,)
         )
 
-    async def start(self) -> None:
-        """Starts the worker and waits until it has parsed one body (its imports are done)."""
-        self._pool = self._new_pool()
-        await self._in_worker("completion", b'{"prompt": "x"}', None)
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    async def _in_worker(
+    async def parse(
         self, kind: Kind, body: bytes, content_type: str | None
     ) -> p._Request | BodyError:
-        assert self._pool is not None
+        if len(body) <= self.inline_bytes:
+            return parse(kind, body, content_type)
+        if self._pool is None:
+            self._pool = self._new_pool()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, parse, kind, body, content_type)
@@ -184,13 +183,6 @@ class BodyParser:
             log.warning("the body parser's worker died; starting a new one")
             self._pool = self._new_pool()
             return await loop.run_in_executor(self._pool, parse, kind, body, content_type)
-
-    async def parse(
-        self, kind: Kind, body: bytes, content_type: str | None
-    ) -> p._Request | BodyError:
-        if len(body) <= self.inline_bytes or self._pool is None:
-            return parse(kind, body, content_type)
-        return await self._in_worker(kind, body, content_type)
 
 
 def request_body_schema(model: type[BaseModel]) -> dict[str, Any]:

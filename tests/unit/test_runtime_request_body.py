@@ -134,7 +134,6 @@ def test_the_worker_process_answers_as_the_inline_parse():
 
     async def go() -> tuple[object, object]:
         parser = BodyParser(inline_bytes=1024)
-        await parser.start()
         try:
             return await parser.parse("chat", huge, None), await parser.parse("chat", fine, None)
         finally:
