@@ -44,6 +44,9 @@ BODIES: dict[str, Callable[[], bytes]] = {
     ).encode(),
     "1.3M stop strings": lambda: json.dumps({"prompt": "x", "stop": ["a"] * 1_300_000}).encode(),
     "2.6M token ids": lambda: json.dumps({"prompt": [1] * 2_600_000}).encode(),
+    # A control: as many bytes, one string (cheap to parse, refused on its length): what moving
+    # 4 x 7.8 MB through the server and the machine costs the probes and the stream by itself.
+    "one 7.8M-character prompt": lambda: json.dumps({"prompt": "x" * 7_800_000}).encode(),
 }
 PARALLEL = 4
 PROBE_EVERY_S = 0.01
@@ -105,7 +108,7 @@ def build_all() -> None:
 def send(url: str, name: str) -> int:
     """POSTs the body `name` and returns the status."""
     body = _BODY_CACHE[name]
-    path = "/v1/chat/completions" if name.endswith(("messages", "parts")) else "/v1/completions"
+    path = "/v1/chat/completions" if b'"messages"' in body[:20] else "/v1/completions"
     headers = {"Content-Type": "application/json"}
     return httpx.post(f"{url}{path}", content=body, headers=headers, timeout=300).status_code
 
@@ -142,6 +145,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", default=None, help="an interpreter")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", action="append", default=None, help="a body kind (repeatable)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     pythons = args.python or [sys.executable]
@@ -165,7 +169,7 @@ def main() -> int:
                 now = time.perf_counter()
                 idle_pause[python] = stream.longest_pause(now - 3, now)
             for round_ in range(args.rounds):
-                for name in BODIES:
+                for name in args.only or BODIES:
                     order = pythons if round_ % 2 == 0 else pythons[::-1]
                     for python in order:
                         url = servers[python][1]

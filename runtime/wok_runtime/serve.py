@@ -34,8 +34,12 @@ def listen_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before anything loads: a port in use is one line of error at
     once, not a traceback after the model has loaded and the log has said it is ready."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        family, kind, proto, _, _ = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )[0]
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and with Nagle on, a response written in two parts waits for a delayed ACK (40 ms).
+        sock = socket.socket(family, kind, proto)
     except OSError as error:
         raise ValueError(f"cannot listen on {host}:{port}: {error}") from error
     try:
