@@ -1,7 +1,8 @@
 """The HTTP API's wire shapes: OpenAI-compatible requests and responses, the admin API, errors.
 
-Pydantic models, so FastAPI validates every request before it reaches the engine and publishes an
-OpenAPI schema that matches what the server really accepts (schemathesis tests against it).
+Pydantic models, so every request is validated before it reaches the engine (request_body.py, off
+the event loop for a large body) and the OpenAPI schema matches what the server really accepts
+(schemathesis tests against it).
 
 As strict as the OpenAI API: JSON types are checked, never coerced (`"max_tokens": "4"` and
 `"stream": "yes"` are errors). OpenAI's fields that wok does not implement (`logprobs`, `tools`,

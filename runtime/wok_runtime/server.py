@@ -5,7 +5,8 @@ what lies between a handler and `LLMEngine.add_request`: validation (OpenAI erro
 a 500 for bad input), backpressure (429 + Retry-After when the queue is full, 503 on queue
 timeout and while draining), cancellation (a client that goes away aborts its sequence and frees
 its KV blocks) and the admin check. Around it: the settings (server_config.py), the app and its
-error handlers (app.py), the OpenAI routes (openai_routes.py), the admin API (admin_api.py), the
+error handlers (app.py), the bodies' parsing (request_body.py), the size and time limits of a
+request (http_limits.py), the OpenAI routes (openai_routes.py), the admin API (admin_api.py), the
 SIGTERM drain that lets in-flight requests finish before the process exits 0 (drain.py), and
 `wok runtime serve` itself (serve.py). It also routes each request to its lane: online, or batch
 (`"priority": "batch"` in the body, or `X-Wok-Lane: batch`), offline work that the engine serves
