@@ -51,6 +51,7 @@ from wok_operator.resources import (
     admin_secret,
     desired_batching_configmap,
     desired_deployment,
+    desired_pod_disruption_budget,
     desired_pod_monitor,
     desired_service,
     selector_text,
@@ -215,6 +216,7 @@ def reconcile(
             extra_pod_labels=wok.config.extra_pod_labels,
         ),
         desired_service(name, namespace),
+        desired_pod_disruption_budget(name, namespace),
     ]
     if pod_monitors_present(wok):
         owned.append(desired_pod_monitor(name, namespace))
