@@ -314,8 +314,9 @@ def test_helm_upgrade_brings_a_new_crd_field_to_the_apiserver(
     wok_cluster, wok_apiserver, wok_binaries, wok_namespace, tmp_path
 ):
     """Helm never upgrades a chart's crds/: an upgrade that adds a field left the old schema in
-    place, and the apiserver pruned the new field from every object. The CRD is a template of the
-    release, so the upgrade carries the field, and a value the schema refuses changes nothing."""
+    place, and the apiserver refused or pruned the new field in every object. The CRD is a
+    template of the release, so the upgrade carries the field, and a value the schema refuses
+    changes nothing."""
     kc, ns, helm = wok_cluster.kubeconfig, wok_namespace, wok_binaries["helm"]
     release, system = "wok-crd-upgrade", f"{ns}-sys"
     kubectl(kc, "create", "namespace", system)
@@ -332,10 +333,13 @@ def test_helm_upgrade_brings_a_new_crd_field_to_the_apiserver(
         wait_established(api, ["inferenceservices.wok.dev"], timeout=30)
     probe = {"apiVersion": "wok.dev/v1alpha1", "kind": "InferenceService"}
     probe |= {"metadata": {"name": "probe", "namespace": ns}}
-    probe |= {"spec": {"model": {"source": "sim:h100"}, "upgradeProbe": "kept"}}
+    probe |= {"spec": {"model": {"source": "builtin:tiny"}, "upgradeProbe": "kept"}}
     try:
-        # The field is unknown to the first chart's CRD: the apiserver drops it.
-        kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(probe))
+        # The field is unknown to the first chart's CRD: the apiserver refuses it (kubectl's
+        # strict validation), or prunes it where a client does not ask for strict.
+        unknown = kubectl(kc, "apply", "-f", "-", stdin=yaml.safe_dump(probe), check=False)
+        assert 'unknown field "spec.upgradeProbe"' in unknown, unknown
+        kubectl(kc, "apply", "--validate=ignore", "-f", "-", stdin=yaml.safe_dump(probe))
         assert "upgradeProbe" not in get_json(kc, "wis", "probe", "-n", ns)["spec"]
         newer = chart_with_a_new_field(tmp_path)
         refused = subprocess.run(
