@@ -65,12 +65,21 @@ def test_an_overlay_of_the_base_applies_to_the_cluster(
         ],
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    docs = [d for d in build(kc, overlay) if d["kind"] != "Namespace"]  # the test's exists
+    built = build(kc, overlay)
+    [namespace] = [d for d in built if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == ns
+    docs = [d for d in built if d["kind"] != "Namespace"]  # the test's namespace exists
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "wok", "namespace": ns}]
+    # The base's namespace enforces the restricted Pod Security level: the operator's pods meet
+    # it (the apiserver warns about a Deployment whose pods would not).
+    labels = [f"{key}={value}" for key, value in namespace["metadata"]["labels"].items()]
+    kubectl(kc, "label", "--overwrite", "namespace", ns, *labels)
     stdin = yaml.safe_dump_all(docs)
     try:
-        kubectl(kc, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=stdin)
+        flags = ["--server-side", "--force-conflicts"]
+        applied = kubectl(kc, "apply", *flags, "-f", "-", stdin=stdin, check=False)
+        assert "serverside-applied" in applied and "PodSecurity" not in applied, applied
         with wok_apiserver.api() as api:
             wait_established(api, ["inferenceservices.wok.dev"], timeout=30)
         deployment = get_json(kc, "deployment", "wok", "-n", ns)
