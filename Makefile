@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 WOK := $(VENV)/bin/wok
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-unit test-integration test-e2e test-fast lint crds demo tools cluster-bin \
+.PHONY: all venv test test-unit test-integration test-e2e test-fast lint crds kustomize demo tools cluster-bin \
   image-tools image clean
 
 all: test
@@ -94,6 +94,10 @@ lint: venv
 
 crds: venv
 	$(WOK) crds > crds/wok.dev_inferenceservices.yaml
+
+# The kustomize base is the chart rendered (deploy/kustomize/wok.yaml): run after changing either.
+kustomize: venv cluster-bin
+	$(PY) -m wok_cluster.kustomize_base
 
 demo: $(DEMO_STAMP)
 	$(WOK) demo
