@@ -6,17 +6,19 @@ PY := $(VENV)/bin/python
 WOK := $(VENV)/bin/wok
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-unit test-integration test-e2e test-fast lint crds demo tools cluster-bin \
+.PHONY: all venv test test-unit test-integration test-e2e test-fast lint crds kustomize demo tools cluster-bin \
   image-tools image clean
 
 all: test
 
 # One stamp per set of extras: `make demo` installs only what the demo runs, the rest all of dev.
 # torch is a multi-GB wheel: installed once, then reused (pip sees it satisfied).
+# setuptools tells every editable install, as a warning banner, that the `wok/` folder shares the
+# package's name; it asks nothing of the user, so pip is told to drop that one warning.
 define install_extras
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(1)]'
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[$(1)]'
 	@touch $@
 endef
 
@@ -92,6 +94,10 @@ lint: venv
 
 crds: venv
 	$(WOK) crds > crds/wok.dev_inferenceservices.yaml
+
+# The kustomize base is the chart rendered (deploy/kustomize/wok.yaml): run after changing either.
+kustomize: venv cluster-bin
+	$(PY) -m wok_cluster.kustomize_base
 
 demo: $(DEMO_STAMP)
 	$(WOK) demo

@@ -193,6 +193,24 @@ def stored_deployment(service: str, replicas: int) -> dict[str, Any]:
     }
 
 
+def adopt_crds(kubeconfig: Path, release: str, namespace: str) -> None:
+    """What docs/gitops.md tells a user whose CRD Helm does not own (applied with kubectl, or by a
+    chart that shipped it in crds/): mark it as the release's, so the chart's template takes it
+    over instead of refusing to install. Another module of this cluster may have applied it."""
+    crd = "crd/inferenceservices.wok.dev"
+    if get_json(kubeconfig, crd) is None:
+        return
+    kubectl(kubeconfig, "label", "--overwrite", crd, "app.kubernetes.io/managed-by=Helm")
+    kubectl(
+        kubeconfig,
+        "annotate",
+        "--overwrite",
+        crd,
+        f"meta.helm.sh/release-name={release}",
+        f"meta.helm.sh/release-namespace={namespace}",
+    )
+
+
 def install_crds(kubeconfig: Path) -> None:
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRD))
     with KubeApi.from_kubeconfig(kubeconfig) as api:

@@ -14,6 +14,7 @@ from operator_harness import (
     NO_PROMETHEUS,
     ROOT,
     access_denials,
+    adopt_crds,
     get_json,
     kubectl,
     reconciled,
@@ -63,6 +64,7 @@ def test_chart_operator_and_runtime_run_from_the_images(
     system = f"{ns}-sys"
     kubectl(kc, "create", "namespace", system)
     helm = wok_binaries["helm"]
+    adopt_crds(kc, RELEASE, system)
     install = [helm, f"--kubeconfig={kc}", "install", RELEASE, str(CHART), f"--namespace={system}"]
     # one replica, on host ports that are free (the pods share the host's network here)
     install += ["--set=replicas=1", f"--set=watchNamespaces={{{ns}}}", "--set=logFormat=plain"]

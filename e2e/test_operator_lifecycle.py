@@ -76,6 +76,7 @@ def test_minimal_example_lifecycle(operator, crds, wok_namespace):
         ("service", "tiny-runtime"),
         ("secret", "tiny-admin"),
         ("configmap", "tiny-batching"),
+        ("poddisruptionbudget", "tiny-runtime"),
     ]:
         obj = wait_for(lambda k=kind, n=name: get_json(kc, k, n, "-n", ns), f"{kind} {name}")
         assert owned_by(obj), f"{kind} {name} has no owner reference"
@@ -132,7 +133,7 @@ def test_minimal_example_lifecycle(operator, crds, wok_namespace):
     assert {p["metadata"]["uid"] for p in runtime_pods(kc, ns, "tiny")} == uids
 
     kubectl(kc, "delete", "wis", "tiny", "-n", ns, "--wait=true", "--timeout=60s")
-    for kind in ("deployment", "service", "secret", "configmap"):
+    for kind in ("deployment", "service", "secret", "configmap", "poddisruptionbudget"):
         wait_for(
             lambda k=kind: (
                 not (get_json(kc, k, "-n", ns, "-l", "wok.dev/service=tiny") or {}).get("items")

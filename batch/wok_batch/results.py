@@ -70,12 +70,21 @@ def truncate_torn_tail(path: Path) -> int:
 
 def is_final(record: dict[str, Any]) -> bool:
     """Whether a result line stands on a rerun: a 2xx, or a 4xx for the line's own body (it would
-    fail the same way again). No answer, a 5xx or a `RETRIED_4XX` is sent again."""
+    fail the same way again, as a 404 `model_not_found` does). No answer, a 5xx or another
+    `RETRIED_4XX` is sent again."""
     response = record["response"]
     if response is None:
         return False
     status = response["status_code"]
+    if status == 404 and _error_code(response) == "model_not_found":
+        return True  # the line names a model the server lacks: a rerun fails the same way
     return status < 500 and status not in RETRIED_4XX
+
+
+def _error_code(response: dict[str, Any]) -> str | None:
+    body = response.get("body")
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ class Kube:
     core: client.CoreV1Api
     apps: client.AppsV1Api
     custom: client.CustomObjectsApi
+    policy: client.PolicyV1Api
 
     @classmethod
     def from_api_client(cls, api_client: client.ApiClient) -> Kube:
@@ -45,6 +46,7 @@ class Kube:
             core=client.CoreV1Api(api_client),
             apps=client.AppsV1Api(api_client),
             custom=client.CustomObjectsApi(api_client),
+            policy=client.PolicyV1Api(api_client),
         )
 
     def apply(self, obj: dict[str, Any]) -> None:
@@ -59,6 +61,8 @@ class Kube:
             self.core.patch_namespaced_service(name, namespace, obj, **args)
         elif kind == "ConfigMap":
             self.core.patch_namespaced_config_map(name, namespace, obj, **args)
+        elif kind == "PodDisruptionBudget":
+            self.policy.patch_namespaced_pod_disruption_budget(name, namespace, obj, **args)
         elif kind == "PodMonitor":
             self.custom.patch_namespaced_custom_object(
                 "monitoring.coreos.com", "v1", namespace, "podmonitors", name, obj, **args

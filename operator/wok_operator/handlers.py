@@ -58,6 +58,7 @@ from wok_operator.resources import (
     admin_secret,
     desired_batching_configmap,
     desired_deployment,
+    desired_pod_disruption_budget,
     desired_pod_monitor,
     desired_service,
     selector_text,
@@ -200,10 +201,7 @@ def reconcile(
         parsed, plan = validated(spec)
     except ValueError as error:
         # Passes the schema but cannot work: say what to change, create nothing.
-        patch.status["conditions"] = cond.set_condition(
-            conditions, cond.DEGRADED, True, "InvalidSpec", str(error), generation=generation
-        )
-        patch.status["observedGeneration"] = generation
+        patch.status.update(invalid_spec_status(conditions, str(error), generation=generation))
         kopf.warn(body, reason="InvalidSpec", message=str(error))
         metrics.RECONCILE_ERRORS.inc()
         return
@@ -228,6 +226,7 @@ def reconcile(
             engine_batch=engine_batch,
         ),
         desired_service(name, namespace),
+        desired_pod_disruption_budget(name, namespace),
     ]
     if pod_monitors_present(wok):
         owned.append(desired_pod_monitor(name, namespace))
@@ -241,6 +240,44 @@ def reconcile(
         replicas,
         ", admin token created" if created_secret else "",
     )
+    patch.status.update(
+        reconciled_status(
+            conditions,
+            name,
+            plan,
+            batch=batch,
+            replicas=replicas,
+            generation=generation,
+            engine_batch=engine_batch,
+        )
+    )
+
+
+def invalid_spec_status(
+    conditions: list[dict[str, Any]], message: str, *, generation: int | None
+) -> dict[str, Any]:
+    """The status patch of a reconcile that refused the spec (Degraded: InvalidSpec)."""
+    return {
+        "observedGeneration": generation,
+        "conditions": cond.set_condition(
+            conditions, cond.DEGRADED, True, "InvalidSpec", message, generation=generation
+        ),
+    }
+
+
+def reconciled_status(
+    conditions: list[dict[str, Any]],
+    name: str,
+    plan: MemoryBudget,
+    *,
+    batch: int,
+    replicas: int,
+    generation: int | None,
+    engine_batch: int | None = None,
+) -> dict[str, Any]:
+    """The status patch of a reconcile that applied the runtime's objects: the spec is valid, and
+    the rollout is on its way until the loop's first tick sees the pods. `engine_batch`: an
+    engine: vllm pod's --max-num-seqs (None, which clears the field, on wok's runtime)."""
     conditions = cond.set_condition(
         conditions, cond.DEGRADED, False, "SpecValid", generation=generation
     )
@@ -252,17 +289,15 @@ def reconcile(
         f"runtime Deployment applied for generation {generation}",
         generation=generation,
     )
-    patch.status.update(
-        {
-            "observedGeneration": generation,
-            "memory": memory_status(plan),
-            "batchSize": batch,
-            "engineBatchSize": engine_batch,
-            "replicas": replicas,
-            "selector": selector_text(name),
-            "conditions": conditions,
-        }
-    )
+    return {
+        "observedGeneration": generation,
+        "memory": memory_status(plan),
+        "batchSize": batch,
+        "engineBatchSize": engine_batch,
+        "replicas": replicas,
+        "selector": selector_text(name),
+        "conditions": conditions,
+    }
 
 
 # --- the control loop: one daemon per InferenceService -------------------------------------------

@@ -297,6 +297,30 @@ def desired_service(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
+def desired_pod_disruption_budget(name: str, namespace: str) -> dict[str, Any]:
+    """A node drain takes the runtime pods one at a time, each replacement loading its model and
+    turning ready before the next pod goes, so a service of two or more replicas keeps serving.
+
+    `maxUnavailable: 1`, not a `minAvailable` from `scaling.minReplicas`: a service sits at its
+    floor whenever the load is low, and a floor-sized minAvailable would then allow no eviction
+    at all, blocking every drain of its nodes for good. A pod that is not ready serves nothing,
+    so it may always be evicted (a crash-looping pod never blocks a drain)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": runtime_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def desired_batching_configmap(name: str, namespace: str, batch_size: int) -> dict[str, Any]:
     """The decided batch size, read by new pods at start (so a scale-up never resets it)."""
     return {

@@ -1,5 +1,5 @@
 """The FastAPI app over an engine: its lifespan (start, simulated load, warm-up, shutdown), the
-request-body limit and the error handlers that give every failure OpenAI's error shape."""
+request-body limits and the error handlers that give every failure OpenAI's error shape."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wok_runtime.admin_api import add_admin_routes
+from wok_runtime.http_limits import BodyLimits
 from wok_runtime.metrics import RuntimeMetrics
 from wok_runtime.openai_routes import add_routes
+from wok_runtime.request_body import describe, printable
 from wok_runtime.server import APIError, Server
 from wok_runtime.server_config import ServerConfig
 
@@ -68,6 +70,7 @@ def create_app(
             server.state.ready = False
             server.state.draining = True
             await asyncio.to_thread(engine.shutdown, config.drain_seconds)
+            server.body_parser.close()
 
     app = FastAPI(
         title="wok runtime",
@@ -76,51 +79,13 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.server = server
-    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+    app.add_middleware(
+        BodyLimits, max_bytes=config.max_request_bytes, timeout_s=config.body_timeout_s
+    )
     _install_error_handlers(app)
     add_routes(app, server)
     add_admin_routes(app, server)
     return app
-
-
-class BodyLimit:
-    """Answers 413 to a request body over `max_bytes`: before reading it when Content-Length
-    says so, else as soon as the chunks read pass it. A body is parsed and validated on the
-    event loop, which must stay free to answer the probes."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def too_large(self) -> StarletteHTTPException:
-        return StarletteHTTPException(
-            413,
-            f"the request body is larger than this server's limit of {self.max_bytes} bytes "
-            "(wok runtime serve --max-request-bytes)",
-        )
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
-            error = self.too_large()
-            answer = APIError(413, str(error.detail), code="request_too_large")
-            await answer.response()(scope, receive, send)
-            return
-        seen = 0
-
-        async def counting_receive() -> Any:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise self.too_large()  # FastAPI passes an HTTPException through
-            return message
-
-        await self.app(scope, counting_receive, send)
 
 
 async def _warm_up(server: Server) -> None:
@@ -145,33 +110,20 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = error.errors()
-        first = errors[0] if errors else {}
-        json_invalid = first.get("type") == "json_invalid"
-        loc = [] if json_invalid else [_printable(x) for x in first.get("loc", ()) if x != "body"]
-        what = "invalid JSON" if json_invalid else ".".join(loc) or "body"
-        message = _printable(first.get("msg", "invalid request"))
-        if not message.startswith("Invalid JSON"):
-            message = f"{what}: {message}"
-        if str(first.get("type", "")).endswith("_type"):  # say what came instead
-            message += f", got {_json_type(first.get('input'))}"
+        found = describe(list(error.errors()))
         # OpenAI answers 400 for every invalid request; the admin API keeps FastAPI's 422.
         status = 422 if request.url.path.startswith("/admin/") else 400
-        return APIError(
-            status,
-            message,
-            param=loc[0] if loc else None,
-            code="invalid_json" if json_invalid else "invalid_value",
-        ).response()
+        return APIError(status, found.message, param=found.param, code=found.code).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        codes = {413: "request_too_large", 408: "request_timeout", 404: "not_found"}
         return APIError(
             error.status_code,
-            str(error.detail),
+            printable(error.detail),
             type=kind,
-            code="request_too_large" if error.status_code == 413 else None,
+            code=codes.get(error.status_code),
             headers=getattr(error, "headers", None),
         ).response()
 
@@ -184,15 +136,3 @@ def _install_error_handlers(app: FastAPI) -> None:
             type="internal_error",
             code="internal_error",
         ).response()
-
-
-def _printable(value: object) -> str:
-    """Text safe to put in a UTF-8 answer: a lone surrogate in a client's field name would
-    otherwise fail the error's own encoding (a 500 for a 400)."""
-    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _json_type(value: object) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-    names |= {list: "an array", dict: "an object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)

@@ -39,7 +39,7 @@ def _register_serve(runtime: Any) -> None:
     p.add_argument("--model", default="builtin:tiny", help="model source (builtin:NAME or a dir)")
     p.add_argument("--served-model-name", default=None, help="name in the API (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument(
         "--admin-token-file",
         default=None,
@@ -75,6 +75,7 @@ def _register_serve(runtime: Any) -> None:
     )
     p.add_argument(
         "--device",
+        type=_device,
         default=None,
         help="cpu | cuda | sim (default: cuda when available); sim: a simulated accelerator",
     )
@@ -131,7 +132,20 @@ def _register_serve(runtime: Any) -> None:
         "--max-request-bytes",
         type=int,
         default=8 * 1024 * 1024,
-        help="a larger request body is answered 413 before it is read",
+        help="a larger request body is answered 413 (read and dropped first, up to 64 MiB, so "
+        "that the client reads the answer)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's headers; then the connection closes",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client has to send a request's body, from its headers; then 408",
     )
     p.add_argument(
         "--no-prefix-caching",
@@ -142,6 +156,21 @@ def _register_serve(runtime: Any) -> None:
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
+
+
+def _port(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    if not (text.isascii() and text.isdigit() and int(text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535)")
+    return int(text)
+
+
+def _device(text: str) -> str:
+    """cpu, cuda, cuda:N or sim: what the runtime can run on."""
+    kind, _, index = text.partition(":")
+    if text in ("cpu", "cuda", "sim") or (kind == "cuda" and index.isascii() and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda, cuda:N or sim")
 
 
 def _serve(args: argparse.Namespace) -> int:

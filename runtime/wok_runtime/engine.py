@@ -285,6 +285,13 @@ class LLMEngine:
             self._pending_aborts.append(request_id)
             self._wake.notify()
 
+    def retry_after_s(self, lane: Lane = "online") -> float:
+        """When a refused request of `lane` should try again: its queue's drain estimate."""
+        with self._lock:
+            sched = self.scheduler
+            queue = sched.batch_queue if lane == "batch" else sched.queue
+            return queue.retry_after_s(self._clock())
+
     def get_batching(self) -> BatchingParams:
         with self._lock:
             return self._batching()

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic.json_schema import models_json_schema
 
 from wok_runtime import protocol as p
 from wok_runtime.detokenizer import IncrementalText
+from wok_runtime.request_body import request_body_schema
 from wok_runtime.server import APIError, Server, _format_chat_prompt, _Tracked
 from wok_runtime.server_config import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -21,6 +24,9 @@ from wok_runtime.server_config import (
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": p.ErrorResponse, "description": "invalid request"},
+    404: {"model": p.ErrorResponse, "description": "no such model (model_not_found)"},
+    408: {"model": p.ErrorResponse, "description": "the body did not arrive in time"},
+    413: {"model": p.ErrorResponse, "description": "the body is over the size limit"},
     429: {"model": p.ErrorResponse, "description": "queue full (see Retry-After)"},
     503: {"model": p.ErrorResponse, "description": "queue timeout or draining"},
 }
@@ -124,12 +130,24 @@ def add_routes(app: FastAPI, server: Server) -> None:
         body, content_type = server.metrics.render()
         return Response(content=body, media_type=content_type)
 
-    @app.get("/v1/models", response_model=p.ModelList, tags=["openai"])
-    async def models() -> p.ModelList:
-        card = p.ModelCard(
+    def card() -> p.ModelCard:
+        return p.ModelCard(
             id=config.served_model_name, created=p.now(), max_model_len=engine.max_model_len
         )
-        return p.ModelList(data=[card])
+
+    @app.get("/v1/models", response_model=p.ModelList, tags=["openai"])
+    async def models() -> p.ModelList:
+        return p.ModelList(data=[card()])
+
+    @app.get(
+        "/v1/models/{model:path}",
+        response_model=p.ModelCard,
+        tags=["openai"],
+        responses={404: _ERROR_RESPONSES[404]},
+    )
+    async def model(model: str) -> p.ModelCard:
+        server.check_model(model)
+        return card()
 
     async def run(
         request: Request,
@@ -138,9 +156,10 @@ def add_routes(app: FastAPI, server: Server) -> None:
         max_tokens: int,
         make_chunk: MakeChunk,
         make_response: Callable[[str, list[int] | None, str | None, p.Usage], p.BaseModel],
+        *,
+        prompt_param: str,
     ) -> Any:
-        server.check_model(body.model)
-        server.check_prompt(ids, max_tokens)
+        server.check_prompt(ids, max_tokens, param=prompt_param)
         params = server.sampling_params(body, max_tokens)
         lane, priority = server.route(request, body.priority)
         tenant = server.tenant(request)
@@ -212,13 +231,17 @@ def add_routes(app: FastAPI, server: Server) -> None:
             if release:
                 server.state.in_flight -= 1
 
+    # The bodies are read by the handlers, not declared, so that FastAPI does not parse them on
+    # the event loop (request_body.py); the schema still shows them.
     @app.post(
         "/v1/completions",
         response_model=p.CompletionResponse,
         tags=["openai"],
         responses=_COMPLETION_RESPONSES,
+        openapi_extra={"requestBody": request_body_schema(p.CompletionRequest)},
     )
-    async def completions(request: Request, body: p.CompletionRequest) -> Any:
+    async def completions(request: Request) -> Any:
+        body: p.CompletionRequest = await server.read_request(request, "completion")
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
         prompt = body.prompt
@@ -249,16 +272,21 @@ def add_routes(app: FastAPI, server: Server) -> None:
                 usage=usage,
             )
 
-        return await run(request, body, ids, max_tokens, chunk, response)
+        return await run(request, body, ids, max_tokens, chunk, response, prompt_param="prompt")
 
     @app.post(
         "/v1/chat/completions",
         response_model=p.ChatCompletionResponse,
         tags=["openai"],
         responses=_COMPLETION_RESPONSES,
+        openapi_extra={"requestBody": request_body_schema(p.ChatCompletionRequest)},
     )
-    async def chat(request: Request, body: p.ChatCompletionRequest) -> Any:
-        prompt = _format_chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)
+    async def chat(request: Request) -> Any:
+        body: p.ChatCompletionRequest = await server.read_request(request, "chat")
+        # Python, on a thread: the GIL passes to the event loop every few milliseconds.
+        prompt = await asyncio.to_thread(
+            _format_chat_prompt, engine.tokenizer, body.messages, body.add_generation_prompt
+        )
         requested = body.max_completion_tokens or body.max_tokens
         ids = await server.tokenize(prompt, max_tokens=requested or 1, param="messages")
         # OpenAI's default for chat: as many tokens as the context has room for.
@@ -284,7 +312,26 @@ def add_routes(app: FastAPI, server: Server) -> None:
                 usage=usage,
             )
 
-        return await run(request, body, ids, max_tokens, chunk, response)
+        return await run(request, body, ids, max_tokens, chunk, response, prompt_param="messages")
+
+    _publish_schemas(app, [p.CompletionRequest, p.ChatCompletionRequest])
+
+
+def _publish_schemas(app: FastAPI, models: list[type[p.BaseModel]]) -> None:
+    """Puts the request models (and the models they use) under components/schemas of the
+    OpenAPI document, where the handlers' requestBody refers to them."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            _, defs = models_json_schema(
+                [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+            )
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _timing_headers(tracked: _Tracked) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The HTTP API's wire shapes: OpenAI-compatible requests and responses, the admin API, errors.
 
-Pydantic models, so FastAPI validates every request before it reaches the engine and publishes an
-OpenAPI schema that matches what the server really accepts (schemathesis tests against it).
+Pydantic models, so every request is validated before it reaches the engine (request_body.py, off
+the event loop for a large body) and the OpenAPI schema matches what the server really accepts
+(schemathesis tests against it).
 
 As strict as the OpenAI API: JSON types are checked, never coerced (`"max_tokens": "4"` and
 `"stream": "yes"` are errors). OpenAI's fields that wok does not implement (`logprobs`, `tools`,
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -38,8 +39,16 @@ MAX_TOKENS_LIMIT = 1_000_000
 MAX_STOP_STRINGS = 4
 MAX_STOP_LEN = 64
 TOKEN_ID_LIMIT = 2**31 - 1
+#: Counts that bound what one body costs to validate, render and hand between processes: a body
+#: under the size limit can still hold hundreds of thousands of tiny messages or parts.
+MAX_MESSAGES = 2048
+MAX_CONTENT_PARTS = 2048  # in all messages together
+MAX_PROMPT_TOKEN_IDS = MAX_TOKENS_LIMIT
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=TOKEN_ID_LIMIT)]], Field(min_length=1)]
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0, le=TOKEN_ID_LIMIT)]],
+    Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS),
+]
 Priority = int | str
 #: Request models: JSON types as documented (no coercion), unknown fields ignored.
 STRICT = ConfigDict(extra="ignore", strict=True)
@@ -124,8 +133,8 @@ def _stop_error(value: Any) -> PydanticCustomError:
         )
     return PydanticCustomError(
         "stop",
-        "stop must be a string or a list of up to {most} non-empty strings of at most "
-        "{chars} characters",
+        "stop must be a non-empty string or a list of up to {most} non-empty strings of at "
+        "most {chars} characters",
         {"most": MAX_STOP_STRINGS, "chars": MAX_STOP_LEN},
     )
 
@@ -156,6 +165,13 @@ UNSUPPORTED_FIELDS = {
     "functions": "[]",
     "function_call": '"none"',
     "response_format": '{"type": "text"}',
+    "parallel_tool_calls": "null",  # OpenAI too refuses it without tools
+    "modalities": '["text"]',
+    "audio": "null",
+    "prediction": "null",
+    "reasoning_effort": "null",  # no reasoning model is served
+    "service_tier": '"auto"',  # wok's own tiers are `priority` and the lanes
+    "store": "false",  # nothing is stored
 }
 _NEUTRAL_ZERO = Annotated[float, Field(ge=0, le=0)]
 
@@ -164,6 +180,42 @@ def _false(value: bool) -> bool:
     if value:
         raise ValueError("only false is supported")
     return value
+
+
+def field_error(param: str, message: str) -> PydanticCustomError:
+    """An error of a whole-request check that names the field to change (its `param`)."""
+    return PydanticCustomError("invalid_field", "{message}", {"param": param, "message": message})
+
+
+def _priority_error(value: Any) -> PydanticCustomError:
+    return PydanticCustomError(
+        "priority",
+        "priority must be an integer (0 = most urgent), a class name or a lane, got {got}",
+        {"got": json_type(value)},
+    )
+
+
+def _content_error(value: Any) -> PydanticCustomError:
+    if isinstance(value, list):
+        kinds = {p.get("type") for p in value if isinstance(p, dict)} - {"text"}
+        if kinds:
+            return PydanticCustomError(
+                "content_part",
+                "only text content parts are supported, got a part of type {kind}",
+                {"kind": ", ".join(sorted(repr(k) for k in kinds))},
+            )
+    return PydanticCustomError(
+        "content",
+        'content must be a string or a list of {"type": "text", "text": ...} parts, got {got}',
+        {"got": json_type(value)},
+    )
+
+
+def json_type(value: object) -> str:
+    """`value`'s JSON type in words, as an error message says what came instead."""
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "an array", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 class _Request(BaseModel):
@@ -175,7 +227,7 @@ class _Request(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=0, le=1_000_000, description="wok extension; 0 = off")
     stop: (
-        Annotated[str, Field(max_length=MAX_STOP_LEN)]
+        Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
         | Annotated[
             list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]],
             Field(max_length=MAX_STOP_STRINGS),
@@ -208,6 +260,20 @@ class _Request(BaseModel):
     min_tokens: Annotated[int, Field(ge=0, le=0)] | None = Field(
         default=None, description="not supported"
     )
+    tools: Annotated[list[Any], Field(max_length=0)] | None = Field(
+        default=None, description="not supported"
+    )
+    tool_choice: Literal["none"] | None = Field(default=None, description="not supported")
+    functions: Annotated[list[Any], Field(max_length=0)] | None = Field(
+        default=None, description="not supported"
+    )
+    function_call: Literal["none"] | None = Field(default=None, description="not supported")
+    parallel_tool_calls: None = Field(default=None, description="not supported (no tools)")
+    response_format: ResponseFormatText | None = Field(
+        default=None, description='not supported beyond {"type": "text"}'
+    )
+    #: What the error for an unimplemented field suggests sending instead.
+    NEUTRAL: ClassVar[dict[str, str]] = UNSUPPORTED_FIELDS
 
     @model_validator(mode="before")
     @classmethod
@@ -228,12 +294,23 @@ class _Request(BaseModel):
         cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
     ) -> Any:
         name = info.field_name or "this field"
-        return _explained(handler, value, lambda _: _unsupported(name, UNSUPPORTED_FIELDS[name]))
+        return _explained(handler, value, lambda _: _unsupported(name, cls.NEUTRAL[name]))
 
     @field_validator("stop", mode="wrap")
     @classmethod
     def _readable_stop(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return _explained(handler, value, _stop_error)
+
+    @field_validator("priority", mode="wrap")
+    @classmethod
+    def _readable_priority(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _explained(handler, value, _priority_error)
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> _Request:
+        if self.stream_options is not None and not self.stream:
+            raise field_error("stream_options", "stream_options is only allowed with stream: true")
+        return self
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -276,6 +353,20 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _readable_content(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _explained(handler, value, _content_error)
+
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> ChatMessage:
+        # As in OpenAI's API: only an assistant's turn may go without content.
+        if self.content is None and self.role != "assistant":
+            raise PydanticCustomError(
+                "missing_content", "a {role} message needs content", {"role": self.role}
+            )
+        return self
+
     def text(self) -> str:
         if self.content is None:
             return ""
@@ -287,7 +378,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions. `max_completion_tokens` is the newer name of `max_tokens`."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     add_generation_prompt: bool = Field(default=True, description="wok extension")
     logprobs: Annotated[bool, AfterValidator(_false)] | None = Field(
@@ -296,17 +387,19 @@ class ChatCompletionRequest(_Request):
     top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = Field(
         default=None, description="not supported"
     )
-    tools: Annotated[list[Any], Field(max_length=0)] | None = Field(
-        default=None, description="not supported"
+    modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = Field(
+        default=None, description='only ["text"]'
     )
-    tool_choice: Literal["none"] | None = Field(default=None, description="not supported")
-    functions: Annotated[list[Any], Field(max_length=0)] | None = Field(
-        default=None, description="not supported"
+    audio: None = Field(default=None, description="not supported")
+    prediction: None = Field(default=None, description="not supported")
+    reasoning_effort: None = Field(default=None, description="not supported")
+    service_tier: Literal["auto", "default"] | None = Field(
+        default=None, description='only "auto" or "default" (see `priority`)'
     )
-    function_call: Literal["none"] | None = Field(default=None, description="not supported")
-    response_format: ResponseFormatText | None = Field(
-        default=None, description='not supported beyond {"type": "text"}'
+    store: Annotated[bool, AfterValidator(_false)] | None = Field(
+        default=None, description="not supported: nothing is stored"
     )
+    NEUTRAL: ClassVar[dict[str, str]] = {**UNSUPPORTED_FIELDS, "logprobs": "false"}
 
 
 # --- responses -----------------------------------------------------------------------------------
@@ -444,9 +537,16 @@ class BatchingState(BaseModel):
     max_wait_ms: int
     max_num_batched_tokens: int
     mode: str
-    capacity: int = Field(description="the most sequences the KV cache can hold at once")
+    capacity: int = Field(
+        description="the ceiling of max_batch_size: the sequences of max_model_len tokens the KV "
+        "cache holds at once"
+    )
     max_num_batched_tokens_limit: int = Field(
         description="the largest step token budget: what the model runner sized its activations for"
+    )
+    clamped: dict[str, str] = Field(
+        default_factory=dict,
+        description="after a PUT: each field set lower than asked, and why",
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import uvicorn
 
 from wok_runtime.app import create_app
 from wok_runtime.drain import _DrainingServer
+from wok_runtime.http_limits import protocol_with_header_timeout
 from wok_runtime.metrics import RuntimeMetrics
 from wok_runtime.server_config import ServerConfig, parse_priority_classes
 
@@ -26,6 +28,28 @@ def read_admin_token(path: str | None) -> str | None:
             raise ValueError(f"--admin-token-file {path} is empty")
         return token
     return os.environ.get("WOK_ADMIN_TOKEN", "").strip() or None
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything loads: a port in use is one line of error at
+    once, not a traceback after the model has loaded and the log has said it is ready."""
+    try:
+        family, kind, proto, _, _ = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )[0]
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and with Nagle on, a response written in two parts waits for a delayed ACK (40 ms).
+        sock = socket.socket(family, kind, proto)
+    except OSError as error:
+        raise ValueError(f"cannot listen on {host}:{port}: {error}") from error
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+    sock.set_inheritable(True)
+    return sock
 
 
 def _default_dtype(device: str | None) -> str:
@@ -74,6 +98,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
     )
     classes = parse_priority_classes(args.priority_classes)
     admin_token = read_admin_token(args.admin_token_file)
+    sock = listen_socket(args.host, args.port)
     runner = _build_runner(args)
     load_seconds = 0.0
     if args.device == "sim":
@@ -89,6 +114,8 @@ def serve_from_args(args: argparse.Namespace) -> int:
         unready_seconds=args.unready_seconds,
         load_seconds=load_seconds,
         max_request_bytes=args.max_request_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
     )
     engine_config = EngineConfig(
         mode=args.mode,
@@ -128,7 +155,8 @@ def serve_from_args(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
         access_log=False,
+        http=protocol_with_header_timeout(config.header_timeout_s),
     )
     uv = _DrainingServer(uv_config, app.state.server)
-    uv.run()
+    uv.run(sockets=[sock])
     return 0

@@ -5,7 +5,8 @@ what lies between a handler and `LLMEngine.add_request`: validation (OpenAI erro
 a 500 for bad input), backpressure (429 + Retry-After when the queue is full, 503 on queue
 timeout and while draining), cancellation (a client that goes away aborts its sequence and frees
 its KV blocks) and the admin check. Around it: the settings (server_config.py), the app and its
-error handlers (app.py), the OpenAI routes (openai_routes.py), the admin API (admin_api.py), the
+error handlers (app.py), the bodies' parsing (request_body.py), the size and time limits of a
+request (http_limits.py), the OpenAI routes (openai_routes.py), the admin API (admin_api.py), the
 SIGTERM drain that lets in-flight requests finish before the process exits 0 (drain.py), and
 `wok runtime serve` itself (serve.py). It also routes each request to its lane: online, or batch
 (`"priority": "batch"` in the body, or `X-Wok-Lane: batch`), offline work that the engine serves
@@ -41,6 +42,7 @@ from wok_contracts.metrics import (
 from wok_runtime import protocol as p
 from wok_runtime.detokenizer import IncrementalText
 from wok_runtime.metrics import RuntimeMetrics
+from wok_runtime.request_body import BodyError, BodyParser, Kind
 from wok_runtime.sequence import LANES, Lane
 from wok_runtime.server_config import (
     FALLBACK_CHAT_TEMPLATE,
@@ -236,6 +238,7 @@ class Server:
         self.state = ServerState()
         self.vocab_size: int = engine.vocab_size
         self.auth_failures = AuthFailureLog()
+        self.body_parser = BodyParser()
         # One mailbox per event loop: uvicorn runs one, tests may run several one after another.
         self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}
         self._mailboxes_lock = threading.Lock()
@@ -334,10 +337,20 @@ class Server:
             raise APIError(400, f"{TENANT_HEADER} must be 1..{MAX_TENANT_LEN} characters")
         return tenant
 
+    async def read_request(self, request: Request, kind: Kind) -> Any:
+        """The request's body, validated (large ones off the event loop: request_body.py)."""
+        body = await request.body()
+        parsed = await self.body_parser.parse(kind, body, request.headers.get("content-type"))
+        if isinstance(parsed, BodyError):
+            raise APIError(400, parsed.message, param=parsed.param, code=parsed.code)
+        self.check_model(parsed.model)
+        return parsed
+
     def check_model(self, model: str | None) -> None:
+        """404 `model_not_found` for a name this server does not serve, as OpenAI answers."""
         if model is not None and model != self.config.served_model_name:
             raise APIError(
-                400,
+                404,
                 f"the model {model!r} does not exist; this server serves "
                 f"{self.config.served_model_name!r}",
                 param="model",
@@ -361,16 +374,21 @@ class Server:
         except ValueError as error:
             raise APIError(400, str(error)) from error
 
-    def check_prompt(self, ids: list[int], max_tokens: int) -> None:
+    def too_long_param(self, max_tokens: int, param: str) -> str:
+        """What to shorten when a request does not fit the context: `max_tokens` when it alone
+        fills it, else the prompt (`prompt` or `messages`), as OpenAI names it."""
+        return "max_tokens" if max_tokens >= self.engine.max_model_len else param
+
+    def check_prompt(self, ids: list[int], max_tokens: int, *, param: str = "prompt") -> None:
         if not ids:
-            raise APIError(400, "the prompt is empty", param="prompt")
+            raise APIError(400, "the prompt is empty", param=param)
         limit = self.engine.max_model_len
         if len(ids) + max_tokens > limit:  # first: it is cheaper than reading every id
             raise APIError(
                 400,
                 f"this model's maximum context length is {limit} tokens; the request has "
                 f"{len(ids)} prompt tokens and asks for {max_tokens} more",
-                param="max_tokens",
+                param=self.too_long_param(max_tokens, param),
                 code="context_length_exceeded",
             )
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
@@ -395,7 +413,7 @@ class Server:
                 f"this model's maximum context length is {limit} tokens; the prompt's "
                 f"{len(text)} characters are at least {at_least} tokens (no token is longer "
                 f"than {per_token} characters), and the request asks for {max_tokens} more",
-                param="max_tokens" if max_tokens >= limit else param,  # which one to change
+                param=self.too_long_param(max_tokens, param),
                 code="context_length_exceeded",
             )
         if not text:
@@ -453,7 +471,7 @@ class Server:
             retry = max(1, math.floor(error.retry_after_s))
             raise APIError(
                 429,
-                f"the request queue is full ({error.reason}); retry after {retry} s",
+                f"{error.reason}; retry after {retry} s",
                 type="rate_limit_error",
                 code="queue_full",
                 headers={"Retry-After": str(retry)},
@@ -488,14 +506,16 @@ class Server:
             raise APIError(499, "client disconnected", code="client_closed")
         return out
 
-    @staticmethod
-    def raise_for_failure(out: Any) -> None:
+    def raise_for_failure(self, out: Any, lane: Lane) -> None:
         if out.finish_reason == "timeout":
+            # As for a full queue: when the queue is likely to have room again.
+            retry = max(1, math.floor(self.engine.retry_after_s(lane)))
             raise APIError(
                 503,
                 out.error or "the request waited longer than the queue timeout",
                 type="service_unavailable",
                 code="queue_timeout",
+                headers={"Retry-After": str(retry)},
             )
         if out.finish_reason == "error":
             raise APIError(
@@ -521,7 +541,7 @@ class Server:
                 if out.finished:
                     tracked.finished = True
                     tracked.final_metrics = out.metrics
-                    self.raise_for_failure(out)
+                    self.raise_for_failure(out, tracked.lane)
                 new = text.add(out.new_token_ids, final=out.finished)
                 if text.stopped:
                     tracked.stopped_by_string = True

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from wok_runtime.http_limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
+
 DEFAULT_PRIORITY_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 SAMPLING_EPS = 1e-5
@@ -51,6 +53,9 @@ class ServerConfig:
     unready_seconds: float = 3.0
     load_seconds: float = 0.0  # listening but not ready this long first (the simulated load)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # A request's headers, then its body, must arrive within these (http_limits.py).
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -65,6 +70,10 @@ class ServerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name.replace('_', ' ')} must be >= 0, got {value}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name.replace('_', ' ')} must be > 0, got {value}")
 
     @property
     def max_priority(self) -> int:

@@ -29,6 +29,10 @@ DEFAULT_PROFILE = "sim:llama-3-8b-80g"
 #: The default trace is run at three times its rate (overlaid copies): the headline run that
 #: docs/control-law.md and the README quote. Any other trace runs at its own rate by default.
 DEFAULT_TRACE_RATE_SCALE = 3.0
+#: Policies whose variants are static fleets over a range of pod counts at each B, and whose pick
+#: is the smallest fleet at the planner's attainment target: searched by bisection on the pod
+#: count (`fleet_search`; attainment does not fall as pods are added), not one simulation each.
+SEARCHED = ("static-peak",)
 
 #: What each policy name means; `wok simulate --help` prints it and a test keeps it in step with
 #: the registry (a name with digits stands for its family: hpa-concurrency-N).
@@ -49,7 +53,7 @@ POLICIES: dict[str, str] = {
     "wok-fixed-budget": "the law with the step token budget pinned at 2048: the control for "
     "wok-step-budget (not in `all`)",
     "static-peak": "the smallest fixed fleet that serves 99 % of requests within every SLO "
-    "(a search over replica counts, one simulation each)",
+    "(a search by bisection over replica counts at each B)",
     "static-mean": "the fixed fleet the trace's mean rate needs at the planner's per-pod capacity",
     "hpa-waiting": "the upstream HPA on vllm:num_requests_waiting, average 5 per pod, synced every "
     "15 s",
@@ -60,6 +64,26 @@ POLICIES: dict[str, str] = {
     "the batch sizes; the best in hindsight (not in `all`)",
     "keda-waiting-swept": "KEDA on the summed waiting queue, its threshold swept over 1…20 and B "
     "over the batch sizes; the best in hindsight (not in `all`)",
+    "aibrix-kpa": "AIBrix's KPA (stable and panic windows) on each pod's KV cache usage, target "
+    "0.5, as AIBrix's samples (not in `all`)",
+    "aibrix-apa": "AIBrix's APA (tolerance band, scale rates) on each pod's KV cache usage, "
+    "target 0.5 (not in `all`)",
+    "aibrix-kpa-swept": "the KPA on KV usage 0.05…0.5 and on the waiting queue 2…100, every B; "
+    "the best in hindsight (not in `all`)",
+    "aibrix-apa-swept": "the APA on KV usage 0.05…0.5 and on the waiting queue 2…100, every B; "
+    "the best in hindsight (not in `all`)",
+    "dynamo-planner": "Dynamo's SLA planner, aggregated: constant load predictor, replicas from "
+    "the profile's engine rate at the SLOs (not in `all`)",
+    "dynamo-planner-arima": "the planner with its ARIMA load predictor (the `field` extra; not "
+    "in `all`)",
+    "dynamo-planner-prophet": "the planner with its Prophet load predictor (the `field` extra; "
+    "not in `all`)",
+    "dynamo-planner-swept": "the planner with its TTFT and ITL targets scaled by 0.2…1, every B; "
+    "the best in hindsight (not in `all`)",
+    "wva": "llm-d's Workload Variant Autoscaler: its queueing model sizes one variant for the "
+    "SLOs (not in `all`)",
+    "wva-swept": "WVA with its targets scaled by 0.2…1, every B; the best in hindsight (not in "
+    "`all`)",
     "ceiling": "a bound, not a policy: every pod (--max-replicas) asked for at the first tick; "
     "no autoscaler serves more within the SLOs at that pod start (its GPU-hours mean nothing)",
 }
@@ -138,6 +162,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "mix that shifts mid-run; the arrivals stay)",
     )
     parser.add_argument("--duration", type=float, metavar="S", help="simulate the first S seconds")
+    parser.add_argument(
+        "--score-from",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="count only the requests that arrive from S seconds on, and the GPU time from then "
+        "(`wok evaluate` scores from 300 s, so that the autoscalers' warm start and the static "
+        "fleets' full start cost nothing)",
+    )
     parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
     parser.add_argument(
         "--slo-ttft", type=float, default=2.0, metavar="S", help="time to first token"
@@ -216,6 +249,11 @@ def run(args: argparse.Namespace) -> int:
     if args.splice:
         ref, start_s, end_s = parse_splice(args.splice)
         requests = splice(requests, load_trace(ref, seed=args.seed), start_s, end_s, seed=args.seed)
+    last = max((r.arrival_s for r in requests), default=0.0)
+    if not 0.0 <= args.score_from < last:
+        raise ValueError(
+            f"--score-from must be in [0, {last:g}) s (the last arrival), got {args.score_from:g}"
+        )
     if not 0.0 <= args.scrape_failure < 1.0:
         raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
     config = FleetConfig(
@@ -227,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         duration_s=args.duration,
         prefix_caching=args.prefix_caching,
+        score_from_s=args.score_from,
     )
     ctx = PolicyContext(
         profile=profile,
@@ -241,24 +280,35 @@ def run(args: argparse.Namespace) -> int:
     )
     names = resolve(args.policy)
     registry = load_registry()
-    jobs = [(name, i) for name in names for i in range(len(registry[name].variants(ctx)))]
-    results = _run_all(jobs, ctx, config, slos, workers=args.jobs)
+    jobs = [
+        (name, i)
+        for name in names
+        if name not in SEARCHED
+        for i in range(len(registry[name].variants(ctx)))
+    ]
+    results = _run_all(jobs, ctx, config, slos, workers=args.jobs) if jobs else {}
+    for name in (n for n in names if n in SEARCHED):
+        results |= _search_fleets(name, ctx, config, slos, workers=args.jobs)
     chosen = []
     for name in names:
-        variants = [results[(n, i)] for n, i in jobs if n == name]
+        variants = [results[key] for key in sorted(results) if key[0] == name]
         chosen.append(variants[registry[name].pick(variants)])
     first = chosen[0]
     slowest = max(results.values(), key=lambda r: r.wall_seconds)
     print(
         f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
         f"{profile.max_model_len}), profile {profile.name}, "
-        f"{len(jobs)} simulation{'s' * (len(jobs) != 1)}; the slowest "
+        f"{len(results)} simulation{'s' * (len(results) != 1)}; the slowest "
         f"{slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
         file=sys.stderr,
     )
     if args.json:
         print(to_json(chosen))
     else:
+        from wok_sim.plan import TARGET_ATTAINMENT
+        from wok_sim.report import headline
+
+        print(textwrap.fill(headline(chosen, target=TARGET_ATTAINMENT), 100), end="\n\n")
         print(table(chosen))
     if args.plot:
         arrivals = [r.arrival_s for r in requests]
@@ -268,6 +318,47 @@ def run(args: argparse.Namespace) -> int:
         for path in write_ticks(chosen, args.ticks):
             print(f"ticks: {path}", file=sys.stderr)
     return 0
+
+
+def _search_fleets(
+    name: str, ctx: PolicyContext, config: FleetConfig, slos: Slos, *, workers: int
+) -> dict[tuple[str, int], PolicyResult]:
+    """A `SEARCHED` policy's variants that decide its pick: at each B, the smallest fleet at the
+    attainment target and the largest under it (or, where none reaches it, the smallest at the
+    largest's attainment), found in rounds of simulations, every B's next probe at once. Under
+    attainment monotone in N, the pick over them is the pick over every variant."""
+    from wok_sim.fleet_search import FleetSearch
+    from wok_sim.plan import TARGET_ATTAINMENT
+    from wok_sim.policies import load_registry
+
+    variants = load_registry()[name].variants(ctx)
+    ladders: dict[int | None, list[int]] = {}  # B -> its variants' indices by pod count
+    for i, policy in enumerate(variants):
+        ladders.setdefault(policy.fixed_batch, []).append(i)
+    for ladder in ladders.values():
+        ladder.sort(key=lambda i: variants[i].start().replicas)
+    searches = {
+        batch: FleetSearch(
+            len(ladder), len(ladder) // 3, TARGET_ATTAINMENT, TARGET_ATTAINMENT, plateau=0.0
+        )
+        for batch, ladder in ladders.items()
+    }
+    results: dict[tuple[str, int], PolicyResult] = {}
+    while probes := [
+        (batch, rung) for batch, search in searches.items() for rung in search.next_probes()
+    ]:
+        found = _run_all(
+            [(name, ladders[batch][rung - 1]) for batch, rung in probes],
+            ctx,
+            config,
+            slos,
+            workers=workers,
+        )
+        for batch, rung in probes:
+            result = found[(name, ladders[batch][rung - 1])]
+            searches[batch].add(rung, result.slo_attainment)
+        results |= found
+    return results
 
 
 def rate_scale_of(trace: str, asked: float | None) -> float:

@@ -14,11 +14,20 @@ time before it count for none (static fleets start at full size, autoscalers at 
 warm start); the static fleets and the baselines pick their B and target in hindsight, which no
 real deployment can, so they are an upper bound on what tuning them buys. The matrix is a list
 of jobs (one simulation each) run in a process pool; `--quick` runs a small one for tests.
+
+`SWEPT_BASELINES` is the one table of rivals: a policy registered with its sweep (its variants
+its targets × B, each named with its target) joins every condition by adding its name there;
+`--baselines` runs a subset.
+
+`--trace PATH[@SCALE,…]` runs the same protocol on a trace file of your own (held out: the law
+was never tuned on it): every scale given, a 90 s pod start (`--cold-start`), each SLO set.
+The static fleets of a frontier are found by bisection on the pod count (`fleet_search`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -31,6 +40,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from wok_sim.fleet_search import PLATEAU, FleetSearch
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "bench" / "traces"
 TRACES = {
@@ -52,7 +63,14 @@ RIVAL_MARGIN = 0.01  # a baseline target this far below every policy on the firs
 # cheapest fleet at 99 %) reaches 99.5 %, the policy's mean must reach 99 %.
 PEAK_REACHES, PEAK_GOAL = 0.995, 0.99
 MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered are run
-SWEPT_BASELINES = ("hpa-concurrency-swept", "keda-waiting-swept")
+SWEPT_BASELINES = (
+    "hpa-concurrency-swept",
+    "keda-waiting-swept",
+    "aibrix-kpa-swept",
+    "aibrix-apa-swept",
+    "dynamo-planner-swept",
+    "wva-swept",
+)
 STATIC = "static"
 PROFILE = "sim:llama-3-8b-80g"
 MAX_REPLICAS = 32
@@ -66,8 +84,13 @@ class Condition:
     slo: str
 
     @property
+    def trace_name(self) -> str:
+        """A built-in trace's name, or a trace file's name without its folder."""
+        return self.trace if self.trace in TRACES else Path(self.trace).name
+
+    @property
     def label(self) -> str:
-        return f"{self.trace} ×{self.scale:g}, {self.cold_start_s:g} s start, {self.slo} SLOs"
+        return f"{self.trace_name} ×{self.scale:g}, {self.cold_start_s:g} s start, {self.slo} SLOs"
 
     @property
     def frontier_key(self) -> tuple[str, float, str]:
@@ -127,7 +150,7 @@ def _requests(trace: str, scale: float, seed: int) -> list[Any]:
 
     key = ("requests", trace, scale, seed)
     if key not in _CACHE:
-        requests = load_trace(TRACES[trace], seed=seed)
+        requests = load_trace(TRACES.get(trace, trace), seed=seed)
         if scale != 1.0:
             requests = scale_rate(requests, scale, mode="overlay", seed=seed)
         _CACHE[key] = requests
@@ -165,18 +188,16 @@ def context(condition: Condition, seed: int, *, warm_start_fleet: bool = True) -
     return _CACHE[key]
 
 
-def static_variants(ctx: Any) -> list[int]:
-    """The static fleets of the frontier, as `replicas × 1000 + batch`: from one below to two
-    above the fleet the busiest minute needs at the planner's capacity (the planner sizes for
-    the minute's mean, and the seconds-long spikes inside it need more), at every B the
-    baselines are swept over."""
+def fleet_search(condition: Condition) -> FleetSearch:
+    """The search for a frontier's fleets on the first seed (`fleet_search`), from the fleet the
+    busiest minute needs at the planner's capacity at the largest B (the planner sizes for the
+    minute's mean; the seconds-long spikes inside it need more, which the search finds)."""
     from wok_sim.baselines import sizing
 
+    ctx = context(condition, SEEDS[0], warm_start_fleet=False)
     fleet = sizing(ctx)
-    batches = ctx.sweep_batches()
-    peak = math.ceil(fleet.peak_rate / fleet.capacity[batches[-1]])
-    low, high = max(1, peak - 1), min(ctx.max_replicas, peak + 2)
-    return [n * 1000 + b for n in range(low, high + 1) for b in batches]
+    guess = math.ceil(fleet.peak_rate / fleet.capacity[ctx.sweep_batches()[-1]])
+    return FleetSearch(ctx.max_replicas, guess, FULL_SWEEP_BELOW, SATURATED)
 
 
 def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str, int | None]]:
@@ -187,22 +208,53 @@ def variants_of(policy: str, condition: Condition, seed: int) -> list[tuple[str,
     return [(p.name, p.fixed_batch) for p in load_registry()[policy].variants(ctx)]
 
 
-def first_jobs(conditions: Sequence[Condition], policies: Sequence[str]) -> list[Job]:
-    """Every policy on every condition and seed; on the first seed only, every static fleet of
-    each frontier (N × B; they do not depend on the pod start) and every variant of the swept
-    baselines (target × B) on every condition (they do depend on it)."""
+def first_jobs(
+    conditions: Sequence[Condition],
+    policies: Sequence[str],
+    baselines: Sequence[str] = tuple(SWEPT_BASELINES),
+) -> list[Job]:
+    """Every policy on every condition and seed; on the first seed only, every variant of the
+    swept baselines (target × B) on every condition (they depend on the pod start). The static
+    fleets are searched apart (`search_frontiers`)."""
     first = SEEDS[0]
     jobs = [Job(c, seed, p, 0) for c in conditions for seed in SEEDS for p in policies]
-    frontiers: dict[tuple[str, float, str], Condition] = {}
     for condition in conditions:
-        frontiers.setdefault(condition.frontier_key, condition)
-        for baseline in SWEPT_BASELINES:
+        for baseline in baselines:
             count = len(variants_of(baseline, condition, first))
             jobs += [Job(condition, first, baseline, i) for i in range(count)]
-    for condition in frontiers.values():
-        ctx = context(condition, first, warm_start_fleet=False)
-        jobs += [Job(condition, first, STATIC, v) for v in static_variants(ctx)]
     return jobs
+
+
+def search_frontiers(
+    conditions: Sequence[Condition], *, workers: int, journal: Journal | None = None
+) -> list[Outcome]:
+    """The static fleets of each frontier on the first seed, every N probed at every B the
+    baselines are swept over (the frontier's attainment at N is its best B's). They do not
+    depend on the pod start: one frontier per trace, scale and SLO set. The searches run in
+    rounds: each simulates the next pod counts of every search still open, in one pool."""
+    frontiers = {c.frontier_key: c for c in reversed(conditions)}  # the first condition of each
+    searches = {c: fleet_search(c) for c in frontiers.values()}
+    outcomes: list[Outcome] = []
+    for round_ in itertools.count(1):
+        jobs = [
+            Job(condition, SEEDS[0], STATIC, n * 1000 + b)
+            for condition, search in searches.items()
+            for n in search.next_probes()
+            for b in context(condition, SEEDS[0], warm_start_fleet=False).sweep_batches()
+        ]
+        if not jobs:
+            return outcomes
+        found = run_all(
+            jobs, workers=workers, desc=f"static fleets, round {round_}", journal=journal
+        )
+        best: dict[tuple[Condition, int], float] = defaultdict(float)
+        for o in found:
+            key = (o.job.condition, o.job.variant // 1000)
+            best[key] = max(best[key], o.attainment)
+        for (condition, replicas), attainment in best.items():
+            searches[condition].add(replicas, attainment)
+        outcomes += found
+    raise AssertionError("unreachable")
 
 
 def _best_per_name(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
@@ -223,7 +275,8 @@ def _best_per_name(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
 
 def second_jobs(first: Sequence[Outcome], policies: Sequence[str]) -> list[Job]:
     """The other seeds, only where they can change a verdict: each static N at its best B from
-    the first seed, from the last N below `FULL_SWEEP_BELOW` to the first at `SATURATED`; each
+    the first seed, from the last N below `FULL_SWEEP_BELOW` to the first at `SATURATED` (or,
+    where none reaches it, within `PLATEAU` of the best: the span `fleet_search` ran); each
     baseline target at its best B, where its first seed came within `RIVAL_MARGIN` of the worst
     policy's mean (a target further below can reach no policy's attainment)."""
     statics: dict[Condition, list[Outcome]] = defaultdict(list)
@@ -243,7 +296,9 @@ def second_jobs(first: Sequence[Outcome], policies: Sequence[str]) -> list[Job]:
     for condition, outcomes in statics.items():
         fleets = sorted(_best_per_name(outcomes).values(), key=lambda o: o.gpu_hours)
         low = max((i for i, o in enumerate(fleets) if o.attainment < FULL_SWEEP_BELOW), default=0)
-        high = next((i for i, o in enumerate(fleets) if o.attainment >= SATURATED), len(fleets))
+        best = max(o.attainment for o in fleets)
+        top = SATURATED if best >= SATURATED else best - PLATEAU
+        high = next((i for i, o in enumerate(fleets) if o.attainment >= top), len(fleets))
         jobs += [
             Job(condition, seed, STATIC, o.job.variant)
             for o in fleets[low : high + 1]
@@ -295,16 +350,27 @@ class Journal:
     """Each finished simulation as one JSON line, so that a run stopped halfway (the shared
     machine, a deadline) continues where it stopped: a job found in the journal is not run
     again. Floats are written in full, so a result read back is the one computed. Only for the
-    same code: the journal does not know which law or simulator wrote it."""
+    same code: the journal does not know which law or simulator wrote it. A run killed while
+    writing leaves its last line cut short: that line is dropped (its simulation runs again),
+    and the file is cut back to the lines it keeps, so the next ones start on a line of their
+    own."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.done: dict[Job, Outcome] = {}
-        if path is not None and path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
+        if path is None or not path.exists():
+            return
+        text = path.read_text()
+        whole = text[: text.rfind("\n") + 1]  # a last line without its newline was cut short
+        for number, line in enumerate(whole.splitlines(), start=1):
+            if line.strip():
+                try:
                     o = _outcome_of(json.loads(line))
-                    self.done[o.job] = o
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise ValueError(f"{path}:{number} is not a journal line: {error}") from None
+                self.done[o.job] = o
+        if whole != text:
+            path.write_text(whole)
 
     def add(self, outcome: Outcome) -> None:
         if self.path is not None:
@@ -335,11 +401,20 @@ def run_all(
     journal = journal or Journal(None)
     outcomes = [journal.done[j] for j in jobs if j in journal.done]
     ordered = sorted((j for j in jobs if j not in journal.done), key=lambda j: -j.cost)
+    if outcomes:
+        desc = f"{desc} ({len(outcomes)} from the journal)"
     progress = tqdm(total=len(ordered), desc=desc, unit="sim", file=sys.stderr)
 
     def finished(outcome: Outcome) -> None:
         journal.add(outcome)
         outcomes.append(outcome)
+        # A day's simulation takes minutes: say which finished, and how long it took.
+        condition = outcome.job.condition
+        progress.set_postfix_str(
+            f"{condition.trace_name} ×{condition.scale:g} seed {outcome.job.seed} "
+            f"{outcome.name}: {outcome.wall_s:.0f} s",
+            refresh=False,
+        )
         progress.update()
 
     if workers == 1:
@@ -464,17 +539,17 @@ def misses(v: Verdict) -> list[str]:
     p, peak, said = v.policy, v.static_peak, []
     if not v.above_frontier:
         said.append(
-            f"under the frontier: {_pct(p.attainment)} % at {p.gpu_hours:.2f} GPU-h, the "
-            f"frontier {_pct(v.frontier_attainment)} % there"
+            f"under the frontier: {pct(p.attainment)} % at {p.gpu_hours:.2f} GPU-h, the "
+            f"frontier {pct(v.frontier_attainment)} % there"
         )
     if v.cheaper_than_baselines is False:
         said.append(
-            f"a baseline reaches its attainment with fewer GPU-h ({_short(v.cheapest_rival)})"
+            f"a baseline reaches its attainment with fewer GPU-h ({short(v.cheapest_rival)})"
         )
     if peak is not None and peak.attainment >= PEAK_REACHES and p.attainment < PEAK_GOAL:
         said.append(
-            f"under {PEAK_GOAL:.0%} ({_pct(p.attainment)} %) where static-peak reaches "
-            f"{PEAK_REACHES:.1%} ({_short(peak)})"
+            f"under {PEAK_GOAL:.0%} ({pct(p.attainment)} %) where static-peak reaches "
+            f"{PEAK_REACHES:.1%} ({short(peak)})"
         )
     return said
 
@@ -511,173 +586,20 @@ def evaluate(
     return Evaluation(verdicts, frontiers, baselines, len(outcomes), 0.0)
 
 
-def _pct(value: float) -> str:
+def pct(value: float) -> str:
     return f"{100 * value:.2f}"
 
 
-def _span(p: Point) -> str:
-    lo, hi = p.attainment_range
-    glo, ghi = p.gpu_hours_range
-    return f"{_pct(p.attainment)} [{_pct(lo)}–{_pct(hi)}] | {p.gpu_hours:.2f} [{glo:.2f}–{ghi:.2f}]"
-
-
-def _yes_no(value: bool | None) -> str:
-    return "n/a" if value is None else "yes" if value else "**no**"
-
-
-def _short(p: Point | None) -> str:
+def short(p: Point | None) -> str:
     if p is None:
         return "none"
     batch = "" if p.batch is None else f" B{p.batch}"
-    return f"{p.name}{batch}: {_pct(p.attainment)} % at {p.gpu_hours:.2f}"
-
-
-def markdown(ev: Evaluation, command: str) -> str:
-    """The results as one table (and the swept baselines' figures), with the command."""
-    lines = [
-        "# wok evaluate: every policy against the static frontier of each condition",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"{ev.simulations} simulations in {ev.wall_s / 60:.1f} min. Mean over seeds "
-        f"{', '.join(map(str, SEEDS))} (each draws the overlay copies and the routing), "
-        "[min–max] over them. Attainment: the share of requests within every SLO (TTFT and "
-        "TPOT; loose 2 s / 0.1 s, tight 1 s / 0.04 s). Scored from "
-        f"{WARM_UP_S:g} s for every policy. Frontier: every static N at its best B, linear "
-        "between adjacent N, at the policy's mean GPU-h. Rival: the cheapest swept HPA / KEDA "
-        "variant whose mean attainment reaches the policy's. The static fleets and the swept "
-        "baselines choose B and target in hindsight.",
-        "",
-        "| condition | policy | all SLOs % [range] | GPU-h [range] | frontier % there "
-        "| above | static-peak (99 %) | cheapest rival at its attainment | fewer GPU-h |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v in ev.verdicts:
-        lines.append(
-            f"| {v.condition.label} | {v.policy.name} | {_span(v.policy)} "
-            f"| {_pct(v.frontier_attainment)} | {'yes' if v.above_frontier else '**no**'} "
-            f"| {_short(v.static_peak)} "
-            f"| {'not run' if v.cheaper_than_baselines is None else _short(v.cheapest_rival)} "
-            f"| {_yes_no(v.cheaper_than_baselines)} |"
-        )
-    lines += ["", "## Where a goal is missed", ""]
-    lines += [
-        "Above the frontier at its mean GPU-h; fewer GPU-h than every swept baseline that reaches "
-        f"its attainment; {PEAK_GOAL:.0%} wherever static-peak reaches {PEAK_REACHES:.1%}.",
-        "",
-    ]
-    missed = [(v, m) for v in ev.verdicts for m in misses(v)]
-    lines += [f"- {v.condition.label}, {v.policy.name}: {m}" for v, m in missed] or ["- none"]
-    lines += ["", "## The swept baselines (each target at its best B)", ""]
-    lines += [
-        "Mean over the seeds, at the best B among those run on the most seeds; a target marked "
-        "(seed 0) fell more than "
-        f"{RIVAL_MARGIN:.0%} below every policy on the first seed and was not run again.",
-        "",
-        "| condition | target: all SLOs % at GPU-h (B) |",
-        "|---|---|",
-    ]
-    for condition, rivals in ev.baselines.items():
-        if not rivals:
-            continue
-        cells = "; ".join(
-            f"{p.name} {_pct(p.attainment)} at {p.gpu_hours:.2f} (B{p.batch})"
-            + (" (seed 0)" if p.seeds < len(SEEDS) else "")
-            for p in sorted(best_batches(rivals), key=lambda p: p.name)
-        )
-        lines.append(f"| {condition.label} | {cells} |")
-    lines += ["", "## The static frontiers (every N at its best B)", ""]
-    lines += ["| condition | N (B): all SLOs % at GPU-h |", "|---|---|"]
-    seen: set[tuple[str, float, str]] = set()
-    for condition, front in ev.frontiers.items():
-        if condition.frontier_key in seen:
-            continue
-        seen.add(condition.frontier_key)
-        cells = "; ".join(
-            f"{p.name.removeprefix('static-')} (B{p.batch}) {_pct(p.attainment)} at "
-            f"{p.gpu_hours:.2f}"
-            for p in front
-        )
-        label = f"{condition.trace} ×{condition.scale:g}, {condition.slo} SLOs"
-        lines.append(f"| {label} | {cells} |")
-    return "\n".join(lines) + "\n"
-
-
-def to_json(ev: Evaluation, outcomes: Sequence[Outcome], command: str) -> str:
-    return json.dumps(
-        {
-            "command": command,
-            "seeds": list(SEEDS),
-            "warm_up_s": WARM_UP_S,
-            "wall_s": round(ev.wall_s, 1),
-            "verdicts": [asdict(v) for v in ev.verdicts],
-            "runs": [
-                {
-                    **asdict(o.job.condition),
-                    "seed": o.job.seed,
-                    "policy": o.job.policy,
-                    "name": o.name,
-                    "batch": o.batch,
-                    "attainment": round(o.attainment, 6),
-                    "gpu_hours": round(o.gpu_hours, 4),
-                    "sim_s": round(o.wall_s, 2),
-                }
-                for o in sorted(outcomes, key=lambda o: (o.job.condition, o.job.policy, o.name))
-            ],
-        },
-        indent=1,
-    )
-
-
-def _bar(mean: float, span: Iterable[float]) -> list[list[float]]:
-    """An error bar from a mean to its seeds' min and max: never negative (the mean of equal
-    values may differ from them in the last digit)."""
-    lo, hi = span
-    return [[max(0.0, mean - lo)], [max(0.0, hi - mean)]]
-
-
-def plot(ev: Evaluation, path: Path) -> None:
-    """One panel per condition: the static frontier, the swept baselines, each policy with its
-    range over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    conditions = list(ev.frontiers)
-    cols = min(4, len(conditions))
-    rows = math.ceil(len(conditions) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
-    for ax, condition in zip(axes.flat, conditions, strict=False):
-        front = ev.frontiers[condition]
-        ax.plot([p.gpu_hours for p in front], [100 * p.attainment for p in front], "k.-",
-                label="static frontier")  # fmt: skip
-        rivals = ev.baselines[condition]
-        ax.scatter([p.gpu_hours for p in rivals], [100 * p.attainment for p in rivals], s=8,
-                   color="tab:gray", alpha=0.6, label="HPA / KEDA swept")  # fmt: skip
-        for v in (v for v in ev.verdicts if v.condition == condition):
-            p = v.policy
-            ax.errorbar(
-                p.gpu_hours,
-                100 * p.attainment,
-                xerr=_bar(p.gpu_hours, p.gpu_hours_range),
-                yerr=_bar(100 * p.attainment, (100 * lo for lo in p.attainment_range)),
-                fmt="o",
-                label=p.name,
-            )
-        ax.set_ylim(90, 100.2)
-        ax.set_title(condition.label, fontsize="small")
-        ax.set_xlabel("GPU-h")
-        ax.set_ylabel("all SLOs (%)")
-    for ax in list(axes.flat)[len(conditions) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize="x-small", loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return f"{p.name}{batch}: {pct(p.attainment)} % at {p.gpu_hours:.2f}"
 
 
 def register(commands: Any) -> None:
+    from wok_sim.held_out import HELD_OUT_START_S, TRACE_FORMATS
+
     parser = commands.add_parser(
         "evaluate",
         help="every policy over a matrix of traces, rate scales, pod starts, SLOs and seeds, "
@@ -685,9 +607,16 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--policy",
+        "--policies",
         default=",".join(MAIN_POLICIES),
         help="NAME[,NAME…] (default: wok and its batch ablations; names not registered are "
         "skipped with a note)",
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(SWEPT_BASELINES),
+        help="the swept rivals run on every condition: NAME[,NAME…] or none (default: all, "
+        f"{', '.join(SWEPT_BASELINES)})",
     )
     parser.add_argument("--quick", action="store_true", help="a two-condition matrix (minutes)")
     parser.add_argument(
@@ -696,9 +625,21 @@ def register(commands: Any) -> None:
     default_traces = ",".join(t for t in TRACES if t not in ON_REQUEST)
     parser.add_argument(
         "--trace",
-        default=default_traces,
-        help=f"the matrix's conditions on these traces only (default: {default_traces}; also "
-        f"{', '.join(ON_REQUEST)}: the ServeGen day)",
+        action="append",
+        metavar="NAMES | PATH[@SCALE,…]",
+        help=f"repeatable. NAME[,NAME…]: the matrix's conditions on these built-in traces only "
+        f"(default: {default_traces}; also {', '.join(ON_REQUEST)}: the ServeGen day). PATH: a "
+        "trace file of your own, held out ("
+        + ", ".join(f"{suffix}: {kind}" for suffix, kind in TRACE_FORMATS.items())
+        + "), at each rate SCALE (overlay; default 1), under each --slo set, with the "
+        "matrix's scoring",
+    )
+    parser.add_argument(
+        "--cold-start",
+        type=float,
+        default=HELD_OUT_START_S,
+        metavar="S",
+        help="the pod start of a trace file's conditions",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR")
     parser.add_argument(
@@ -720,23 +661,9 @@ def register(commands: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def outcomes_of(report: dict[str, Any]) -> list[Outcome]:
-    """An earlier run's outcomes from its JSON (`to_json`)."""
-    fields = ("trace", "scale", "cold_start_s", "slo")
-    return [
-        Outcome(
-            job=Job(Condition(*(r[f] for f in fields)), r["seed"], r["policy"], 0),
-            name=r["name"],
-            batch=r["batch"],
-            attainment=r["attainment"],
-            gpu_hours=r["gpu_hours"],
-            wall_s=r["sim_s"],
-        )
-        for r in report["runs"]
-    ]
-
-
 def render(path: Path) -> int:
+    from wok_sim.evaluation_report import markdown, outcomes_of, plot, to_json
+
     report = json.loads(path.read_text())
     outcomes = outcomes_of(report)
     conditions = list(dict.fromkeys(o.job.condition for o in outcomes))
@@ -751,12 +678,16 @@ def render(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wok_sim.evaluation_report import markdown, plot, to_json
+    from wok_sim.held_out import check_held_out, held_out, parse_traces
     from wok_sim.policies import load_registry
 
     if args.render:
         return render(args.render)
     if args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
+    if not (math.isfinite(args.cold_start) and args.cold_start >= 0):
+        raise ValueError(f"--cold-start must be >= 0 s, got {args.cold_start}")
     registry = load_registry()
     asked = [n.strip() for n in args.policy.split(",") if n.strip()]
     if not asked:
@@ -767,19 +698,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"wok evaluate: policy {name!r} is not registered: skipped", file=sys.stderr)
     if not policies:
         raise ValueError(f"no registered policy in {args.policy!r} (known: {', '.join(registry)})")
-    traces = {t.strip() for t in args.trace.split(",") if t.strip()}
-    unknown = traces - set(TRACES)
-    if unknown or not traces:
-        raise ValueError(f"unknown trace {', '.join(sorted(unknown))} (known: {', '.join(TRACES)})")
+    baselines = [] if args.baselines == "none" else [b.strip() for b in args.baselines.split(",")]
+    unknown = [b for b in baselines if b not in SWEPT_BASELINES or b not in registry]
+    if unknown:
+        raise ValueError(
+            f"unknown baseline {', '.join(unknown)} (known: {', '.join(SWEPT_BASELINES)}, none)"
+        )
+    default_traces = [t for t in TRACES if t not in ON_REQUEST]
+    names, files = parse_traces(args.trace or [",".join(default_traces)])
+    traces = set(names)
     slos = {s.strip() for s in args.slo.split(",") if s.strip()}
     if not slos or slos - set(SLO_SETS):
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
     conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
+    held = held_out(files, slos, args.cold_start)
+    check_held_out(held)
+    conditions += held
     started = time.perf_counter()
     journal = Journal(args.journal)
     first = run_all(
-        first_jobs(conditions, policies), workers=args.jobs, desc="first seed", journal=journal
+        first_jobs(conditions, policies, baselines),
+        workers=args.jobs,
+        desc="first seed",
+        journal=journal,
     )
+    first += search_frontiers(conditions, workers=args.jobs, journal=journal)
     second = run_all(
         second_jobs(first, policies), workers=args.jobs, desc="other seeds", journal=journal
     )
@@ -794,8 +737,9 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    whole = (traces, slos) == (set(TRACES) - set(ON_REQUEST), set(SLO_SETS))
-    parts = [] if whole else [*sorted(traces), *sorted(slos)]
+    whole = not files and (traces, slos) == (set(default_traces), set(SLO_SETS))
+    stems = [Path(path).stem for path, _ in files]
+    parts = [] if whole else [*sorted(traces), *stems, *sorted(slos)]
     name = "-".join(["evaluation", *(["quick"] if args.quick else []), *parts])
     (args.out / f"{name}.md").write_text(markdown(ev, command))
     (args.out / f"{name}.json").write_text(to_json(ev, outcomes, command))

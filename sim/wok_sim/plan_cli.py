@@ -23,6 +23,9 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "plan",
         help="B_opt, QPS_max, replicas and cost per token from a step-time profile and SLOs",
+        # argparse cannot say that --output-tokens goes with --prompt-tokens; the usage does.
+        usage="wok plan (--trace TRACE | --prompt-tokens N --output-tokens N) --slo-ttft S "
+        "--slo-tpot S [--slo-e2e S] [--profile PROFILE] [--qps X] [--json] [--plot PATH]",
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="a profile path or sim:NAME")
     lengths = parser.add_mutually_exclusive_group(required=True)
@@ -30,7 +33,12 @@ def register(commands: Any) -> None:
         "--trace", help="a trace (Azure CSV, Mooncake .jsonl, poisson:RATE:SECONDS): its lengths"
     )
     lengths.add_argument("--prompt-tokens", type=int, metavar="N", help="mean prompt length")
-    parser.add_argument("--output-tokens", type=int, metavar="N", help="mean output length")
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        metavar="N",
+        help="mean output length (required with --prompt-tokens)",
+    )
     parser.add_argument("--slo-ttft", type=float, required=True, metavar="S")
     parser.add_argument("--slo-tpot", type=float, required=True, metavar="S")
     parser.add_argument("--slo-e2e", type=float, default=None, metavar="S", help="optional")
@@ -59,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.output_tokens is None:
             raise ValueError("--prompt-tokens needs --output-tokens")
+        context = args.prompt_tokens + args.output_tokens
+        if context > profile.max_model_len:
+            # The runtime refuses such a request (400 context_length_exceeded): no SLO to miss.
+            raise ValueError(
+                f"--prompt-tokens {args.prompt_tokens} and --output-tokens {args.output_tokens} "
+                f"need {context} tokens of context; the profile {profile.name}'s model holds "
+                f"{profile.max_model_len}"
+            )
         mix = LengthMix.of_means(args.prompt_tokens, args.output_tokens)
     result = plan(profile, mix, slos, qps=args.qps)
     rate = arrival_rate(requests)

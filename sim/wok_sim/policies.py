@@ -63,7 +63,14 @@ class PolicyEntry:
 
 
 REGISTRY: dict[str, PolicyEntry] = {}
-POLICY_MODULES = ("wok_sim.wok_policy", "wok_sim.baselines", "wok_sim.budget_policy")
+POLICY_MODULES = (
+    "wok_sim.wok_policy",
+    "wok_sim.baselines",
+    "wok_sim.budget_policy",
+    "wok_sim.aibrix_policy",
+    "wok_sim.dynamo_policy",
+    "wok_sim.wva_policy",
+)
 
 
 def register(name: str, entry: PolicyEntry) -> None:

@@ -167,6 +167,52 @@ def to_json(results: Sequence[PolicyResult]) -> str:
     return json.dumps({"policies": {r.name: r.as_json() for r in results}}, indent=2)
 
 
+#: The rows the headline sentence speaks of: the law, the fixed fleet sized in hindsight, and the
+#: HPA on the queue (the upstream autoscaler most teams would try first).
+HEADLINE_FIXED = "static-peak"
+HEADLINE_HPA = "hpa-waiting"
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.1f} %"
+
+
+def headline(results: Sequence[PolicyResult], *, target: float) -> str:
+    """One sentence a newcomer can read before the table: what the first policy (wok, in the
+    default run) served on how many GPU-hours, what the cheapest fixed fleet reaching `target`
+    needed, and what the HPA on the queue served. A row the run lacks is left out; a fixed fleet
+    that never reached `target` is said to, with its best."""
+    by_name = {r.name: r for r in results}
+    first = results[0]
+    goal = f"{100 * target:g} %"
+    parts = [
+        f"{first.name} served {_percent(first.slo_attainment)} of requests within every SLO "
+        f"on {first.gpu_hours:.2f} GPU-hours"
+    ]
+    fixed = by_name.get(HEADLINE_FIXED)
+    if fixed is not None and fixed is not first:
+        pods = max((tick.desired for tick in fixed.timeline), default=0)
+        batch = "" if fixed.batch_size is None else f" at batch {fixed.batch_size}"
+        if fixed.slo_attainment >= target:
+            parts.append(
+                f"the cheapest fixed fleet that reaches {goal} ({HEADLINE_FIXED}) "
+                f"needs {pods} pod{'s' * (pods != 1)}{batch}, {fixed.gpu_hours:.2f} GPU-hours, "
+                f"for {_percent(fixed.slo_attainment)}"
+            )
+        else:
+            parts.append(
+                f"no fixed fleet tried reaches {goal} ({HEADLINE_FIXED}'s best: "
+                f"{pods} pod{'s' * (pods != 1)}{batch}, {_percent(fixed.slo_attainment)})"
+            )
+    hpa = by_name.get(HEADLINE_HPA)
+    if hpa is not None and hpa is not first:
+        parts.append(
+            f"the HPA on the queue ({HEADLINE_HPA}) served {_percent(hpa.slo_attainment)} "
+            f"on {hpa.gpu_hours:.2f} GPU-hours"
+        )
+    return "; ".join(parts) + "."
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 

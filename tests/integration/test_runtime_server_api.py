@@ -13,7 +13,13 @@ import time
 import httpx
 import openai
 import pytest
-from runtime_harness import ADMIN_TOKEN, RuntimeServer, start_server
+from runtime_harness import (
+    ADMIN_TOKEN,
+    KV_BYTES_PER_TOKEN,
+    SMALL_KV,
+    RuntimeServer,
+    start_server,
+)
 
 from wok_contracts.metrics import METRICS, series_names
 from wok_runtime.bench_http import poisson_specs, run_bench
@@ -170,7 +176,7 @@ def test_priority_and_tenant_are_accepted(server: RuntimeServer):
         (b'{"prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),
         (b'{"prompt": "x", "temperature": -1}', 400, "temperature"),
         (b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
-        (b'{"prompt": "x", "model": "gpt-17"}', 400, "model"),
+        (b'{"prompt": "x", "model": "gpt-17"}', 404, "model"),
         (b'{"prompt": ""}', 400, "prompt"),
         (b'{"prompt": []}', 400, "prompt"),
         (b'{"prompt": [99999999]}', 400, "prompt"),
@@ -203,9 +209,68 @@ def test_bad_chat_requests_and_the_openai_client_sees_them(client: openai.OpenAI
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=10**5
         )
-    with pytest.raises(openai.BadRequestError) as caught:
+    with pytest.raises(openai.NotFoundError) as caught:
         client.completions.create(model="nope", prompt="x", max_tokens=2)
     assert caught.value.code == "model_not_found"
+
+
+def test_the_models_are_retrieved_by_name(client: openai.OpenAI):
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("nope")
+    assert caught.value.code == "model_not_found"
+
+
+CHAT = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "param", "code"),
+    [
+        (lambda c: c.chat.completions.create(model="nope", messages=CHAT),
+         openai.NotFoundError, "model", "model_not_found"),
+        (lambda c: c.chat.completions.create(model="tiny", messages=[]),
+         openai.BadRequestError, "messages", "invalid_value"),
+        (lambda c: c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "word " * 300}], max_tokens=8),
+         openai.BadRequestError, "messages", "context_length_exceeded"),
+        (lambda c: c.completions.create(model="tiny", prompt=list(range(1, 250)), max_tokens=8),
+         openai.BadRequestError, "prompt", "context_length_exceeded"),
+        (lambda c: c.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10**5),
+         openai.BadRequestError, "max_tokens", "context_length_exceeded"),
+        (lambda c: c.chat.completions.create(model="tiny", messages=CHAT, reasoning_effort="low"),
+         openai.BadRequestError, "reasoning_effort", "invalid_value"),
+        (lambda c: c.chat.completions.create(model="tiny", messages=CHAT, logprobs=True),
+         openai.BadRequestError, "logprobs", "invalid_value"),
+        (lambda c: c.completions.create(model="tiny", prompt="x", extra_body={"priority": 1.5}),
+         openai.BadRequestError, "priority", "invalid_value"),
+    ],
+)  # fmt: skip
+def test_each_error_is_the_class_openai_raises(client: openai.OpenAI, call, error, param, code):
+    with pytest.raises(error) as caught:
+        call(client)
+    assert (caught.value.param, caught.value.code) == (param, code), caught.value.body
+    message = caught.value.body["message"]  # type: ignore[index]
+    assert ".str" not in message and ".int" not in message, message
+
+
+def test_a_body_over_the_limit_is_a_413_the_client_reads(client: openai.OpenAI):
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model="tiny", prompt="x" * 9_000_000)
+    assert caught.value.status_code == 413 and caught.value.code == "request_too_large"
+
+
+def test_the_admin_api_errors_are_openai_classes_too(server: RuntimeServer):
+    admin = openai.OpenAI(base_url=server.url, api_key="wrong-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        admin.get("/admin/v1/batching", cast_to=object)
+    with pytest.raises(openai.AuthenticationError):
+        admin.get("/admin/v1/nothing", cast_to=object)
+    admin = admin.with_options(api_key=ADMIN_TOKEN)
+    with pytest.raises(openai.NotFoundError):
+        admin.get("/admin/v1/nothing", cast_to=object)
+    with pytest.raises(openai.UnprocessableEntityError):
+        admin.put("/admin/v1/batching", cast_to=object, body={"max_batch_size": 0})
 
 
 def test_the_engine_survives_bad_input(client: openai.OpenAI):
@@ -232,6 +297,7 @@ def test_admin_needs_the_token(server: RuntimeServer):
         "max_num_batched_tokens_limit",
         "mode",
         "capacity",
+        "clamped",
     }
 
 
@@ -255,15 +321,24 @@ def test_admin_rejects_bad_values(server: RuntimeServer, body):
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_admin_clamps_to_capacity(server: RuntimeServer):
+def test_admin_clamps_to_the_sequences_the_kv_pool_holds(server: RuntimeServer):
     url = f"{server.url}/admin/v1/batching"
-    capacity = httpx.get(url, headers=AUTH).json()["capacity"]
+    before = httpx.get(url, headers=AUTH).json()
+    # SMALL_KV holds 61 blocks of 16 tokens; a max_model_len (256) sequence needs 16 of them.
+    sequences = (SMALL_KV // KV_BYTES_PER_TOKEN // 16) // (256 // 16)
+    assert before["capacity"] == sequences == 3
     try:
-        r = httpx.put(url, json={"max_batch_size": capacity + 1000}, headers=AUTH)
+        r = httpx.put(url, json={"max_batch_size": 5000}, headers=AUTH)
         assert r.status_code == 200
-        assert r.json()["max_batch_size"] == capacity
+        assert r.json()["max_batch_size"] == sequences
+        assert r.json()["clamped"] == {
+            "max_batch_size": "5000 clamped to 3: the sequences of max_model_len=256 tokens the "
+            "KV pool holds"
+        }
+        r = httpx.put(url, json={"max_batch_size": 2}, headers=AUTH)
+        assert r.json()["max_batch_size"] == 2 and r.json()["clamped"] == {}
     finally:
-        httpx.put(url, json={"max_batch_size": 32}, headers=AUTH)
+        httpx.put(url, json={"max_batch_size": before["max_batch_size"]}, headers=AUTH)
 
 
 def _steps_of_one_request(server: RuntimeServer, prompt: list[int]) -> float:
@@ -351,7 +426,8 @@ def test_admin_batch_size_caps_the_running_batch(server: RuntimeServer):
         assert max(running_seen) <= 2
     finally:
         httpx.put(url, json={"max_batch_size": 32}, headers=AUTH)
-    assert server.metrics()['wok_max_batch_size{model_name="tiny"}'] == 32
+    # 32 is more than the KV pool holds at max_model_len: clamped to its 3 sequences.
+    assert server.metrics()['wok_max_batch_size{model_name="tiny"}'] == 3
 
 
 # --- disconnects -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ SIGTERM drain, and the per-tenant KV share. Each case needs its own server flags
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import threading
 import time
@@ -42,6 +43,7 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
         incomplete: list[dict] = []
         missing_retry_after = 0
         retry_afters: set[int] = set()
+        messages: set[str] = set()
         deadline = time.monotonic() + 10.0
 
         async def client() -> None:
@@ -57,6 +59,7 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
                         ):
                             incomplete.append(body)
                     elif status == 429:
+                        messages.add(body["error"]["message"])
                         retry_after = headers.get("retry-after", "")
                         missing_retry_after += int(not retry_after.isdigit())
                         retry_afters.add(int(retry_after) if retry_after.isdigit() else -1)
@@ -80,6 +83,9 @@ def test_overload_gets_429_or_503_and_the_server_stays_up(tmp_path: Path):
         assert not incomplete
         assert missing_retry_after == 0
         assert retry_afters <= {1, 2}, retry_afters  # clipped to [1 s, the queue timeout]
+        # Said once: "queue full (8 waiting, max 8); retry after 1 s".
+        assert all(re.fullmatch(r"queue full \(8 waiting, max 8\); retry after [12] s", m)
+                   for m in messages), messages  # fmt: skip
         assert rss_peak < rss_start + 300 * 2**20, (rss_start, rss_peak)
         m = server.metrics()
         rejected = m['wok_rejected_requests_total{model_name="builtin:tiny",reason="queue_full"}']
@@ -113,6 +119,9 @@ def test_queue_timeout_is_a_503_naming_the_reason(tmp_path: Path):
         assert results[-1][0] == 200
         timed_out = [body for status, _, body in results[:-1] if status == 503]
         assert timed_out, results
+        # Like a 429: when to try again (clients, the openai one too, wait that long).
+        for status, headers, _ in results[:-1]:
+            assert status != 503 or headers.get("retry-after", "").isdigit(), headers
         assert timed_out[0]["error"]["code"] == "queue_timeout"
         assert "queue" in timed_out[0]["error"]["message"]
         m = server.metrics()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,33 @@ def test_device_cuda_without_cuda_refuses_in_one_line():
     (line,) = done.stderr.splitlines()
     assert line.startswith("wok runtime: error: device 'cuda' was asked for")
     assert "CUDA is not available" in line and "refusing to fall back to the CPU" in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--device", "tpu", "unknown device 'tpu': use cpu, cuda, cuda:N or sim"),
+        ("--port", "70000", "'70000' is not a TCP port (0 to 65535)"),
+    ],
+)
+def test_a_bad_device_or_port_is_one_line_of_error(flag: str, value: str, says: str):
+    argv = [sys.executable, "-m", "wok.cli", "runtime", "serve", flag, value]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1].endswith(f"error: argument {flag}: {says}")
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "wok.cli", "runtime", "serve", "--device", "sim",
+                "--profile", "sim:llama-3-8b-80g", "--port", str(port),
+                "--log-level", "info"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "ready: serving" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"wok runtime: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )

@@ -181,6 +181,9 @@ def test_a_rerun_drops_lines_that_failed_outside_the_line_and_keeps_the_rest(tmp
         "ok": result_record("ok", response=answer(200)),
         "bad-body": result_record("bad-body", response=answer(400, error={})),
         "too-big": result_record("too-big", response=answer(413)),
+        "no-such-model": result_record(
+            "no-such-model", response=answer(404, error={"code": "model_not_found"})
+        ),
     }
     dropped = [
         result_record("refused", error={"code": "connection_error", "message": "m"}),

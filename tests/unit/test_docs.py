@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
@@ -16,14 +17,17 @@ from wok.cli import build_parser, main
 from wok_contracts.traces import DEFAULT_SCRIPT
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
+from wok_runtime.model_config import ModelType
 from wok_sim.cli import POLICIES
 from wok_sim.columns import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Words that point at the project's history rather than at anything in the repository.
+#: Nor do the paths of the machine the repository was worked on.
 HISTORY = re.compile(
-    r"issue ?[0-9]|\b(?:the|this|an?) issu[e]\b|issu[e]'s|issu[e] note|stop ?[0-9]+|\bbri[e]f\b",
+    r"issue ?[0-9]|\b(?:the|this|an?) issu[e]\b|issu[e]'s|issu[e] note|stop ?[0-9]+|\bbri[e]f\b"
+    r"|/wor[k]/",
     re.IGNORECASE,
 )
 #: Folders that are not the project's text: version control, caches, build output.
@@ -38,7 +42,8 @@ def source_files() -> list[Path]:
     files = []
     for folder, subfolders, names in os.walk(ROOT):
         subfolders[:] = [name for name in subfolders if is_source(name)]
-        files += [Path(folder, name) for name in names]
+        # A linked checkout's `.git` is a file naming where its repository lives.
+        files += [Path(folder, name) for name in names if name != ".git"]
     return files
 
 
@@ -70,7 +75,8 @@ def shown_commands() -> list[tuple[str, str]]:
     """Every `wok …` command line in the docs' code blocks, continuations joined, with where."""
     found = []
     for doc in DOCS:
-        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", doc.read_text(), re.M | re.S)
+        # A ```text block is what a command printed, not a command.
+        blocks = re.findall(r"^```(?!text)[a-z]*\n(.*?)^```", doc.read_text(), re.M | re.S)
         for block in blocks:
             text = block.replace("\\\n", " ")
             for line in text.splitlines():
@@ -102,13 +108,33 @@ def console_blocks(doc: Path) -> list[tuple[str, list[str]]]:
     return shown
 
 
-def test_the_readme_budget_example_prints_what_it_shows(capsys):
-    [(command, printed)] = [
-        (c, p) for c, p in console_blocks(ROOT / "README.md") if c.startswith("wok budget")
+#: A console block may elide part of what a command prints with a line of its own.
+ELIDED = "[…]"
+#: The commands whose console blocks run here, in a second each, and must print what they show.
+RUNNABLE = ("wok budget", "wok plan")
+
+
+def runnable_console_blocks() -> list[tuple[str, str, list[str]]]:
+    return [
+        (doc.name, command, printed)
+        for doc in DOCS
+        for command, printed in console_blocks(doc)
+        if command.startswith(RUNNABLE)
     ]
-    assert main(shlex.split(command)[1:]) == 0
+
+
+def test_the_readme_and_the_simulate_doc_show_a_whole_wok_plan_to_copy():
+    shown = {(doc, command.split()[1]) for doc, command, _ in runnable_console_blocks()}
+    assert {("README.md", "plan"), ("simulate.md", "plan")} <= shown
+
+
+@pytest.mark.parametrize(("doc", "command", "printed"), runnable_console_blocks())
+def test_every_budget_and_plan_block_prints_what_it_shows(doc, command, printed, capsys):
+    assert main(shlex.split(command)[1:]) == 0, f"{doc}: {command}"
     out = capsys.readouterr().out.splitlines()
-    assert [line for line in printed if line not in out] == []
+    assert [line for line in printed if line != ELIDED and line not in out] == [], doc
+    if ELIDED not in printed:
+        assert printed == out, f"{doc}: `{command}` shows part of its output without {ELIDED}"
 
 
 def test_the_production_example_names_a_budget_command_that_shows_its_numbers(capsys):
@@ -142,11 +168,32 @@ def test_the_simulate_doc_explains_every_column_and_policy_and_quotes_the_defaul
     assert explicit["rate_scale"] == 3.0 and default["rate_scale"] is None
 
 
-def test_the_readme_quotes_the_figures_of_the_default_run_in_the_simulate_doc():
+def default_run_in_the_simulate_doc() -> tuple[str, dict[str, dict[str, str]]]:
+    """The sentence and the table rows (by policy, by column) the simulate doc quotes."""
     doc = (ROOT / "docs" / "simulate.md").read_text()
-    header, _, *rows = re.findall(r"^```\n(.*?)^```", doc, re.M | re.S)[0].splitlines()
+    sentence, table = re.findall(r"^```text\n(.*?)^```", doc, re.M | re.S)[0].split("\n\n")
+    header, _, *rows = table.splitlines()
     columns = header.split()
     by_policy = {row.split()[0]: dict(zip(columns, row.split(), strict=True)) for row in rows}
+    return " ".join(sentence.split()), by_policy
+
+
+def test_the_simulate_doc_sentence_quotes_its_own_table():
+    sentence, by_policy = default_run_in_the_simulate_doc()
+    wok, peak, hpa = by_policy["wok"], by_policy["static-peak"], by_policy["hpa-waiting"]
+
+    def share(row: dict[str, str]) -> str:
+        return row["all"].replace("%", " %")
+
+    assert sentence.startswith(
+        f"wok served {share(wok)} of requests within every SLO on {wok['GPU-h']} GPU-hours; "
+    )
+    assert f"at batch {peak['B']}, {peak['GPU-h']} GPU-hours, for {share(peak)};" in sentence
+    assert sentence.endswith(f"(hpa-waiting) served {share(hpa)} on {hpa['GPU-h']} GPU-hours.")
+
+
+def test_the_readme_quotes_the_figures_of_the_default_run_in_the_simulate_doc():
+    _, by_policy = default_run_in_the_simulate_doc()
     wok, peak = by_policy["wok"], by_policy["static-peak"]
     readme = " ".join((ROOT / "README.md").read_text().split())
     share = wok["all"].removesuffix("%")
@@ -177,3 +224,11 @@ def test_the_readme_gpu_status_matches_bench_results():
         assert gpu_results == []
     else:
         assert gpu_results, "the README claims a GPU run that bench/results does not hold"
+
+
+def test_the_readme_at_a_glance_names_every_family_the_runtime_serves():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    top = readme[: readme.index("## Two commands")]
+    [models] = re.findall(r"\*\*Models\*\*: (.*?)(?: - \*\*|$)", top)
+    assert [t for t in get_args(ModelType) if f"`{t}`" not in models] == []
+    assert "Llama-architecture" not in models

@@ -25,6 +25,7 @@ from wok_operator.resources import (
     BATCH_SIZE_KEY,
     desired_batching_configmap,
     desired_deployment,
+    desired_pod_disruption_budget,
     desired_service,
     runtime_args,
 )
@@ -98,6 +99,16 @@ def test_rendering_is_deterministic_and_the_configmap_carries_the_batch():
     assert (
         desired_service("svc", "ns")["spec"]["selector"] == first["spec"]["selector"]["matchLabels"]
     )
+
+
+def test_the_disruption_budget_covers_the_runtime_pods_one_at_a_time_without_blocking_drains():
+    pods = desired_deployment("svc", "ns", SPEC, budget=PLAN, replicas=2)["spec"]["template"]
+    budget = desired_pod_disruption_budget("svc", "ns")
+    assert budget["metadata"]["name"] == "svc-runtime"
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
+    # One at a time, at any replica count: a minAvailable at the floor would block every drain.
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def test_changing_the_slo_does_not_change_the_pod_template():

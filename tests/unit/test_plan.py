@@ -142,3 +142,24 @@ def test_the_simulated_replica_agrees_with_the_plan() -> None:
     assert sum(t <= slos.tpot_s for t in tpots) / len(tpots) >= 0.98
     tail = p99(tpots)
     assert tail is not None and tail <= 1.2 * slos.tpot_s
+
+
+def test_wok_plan_help_says_output_tokens_go_with_prompt_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "--prompt-tokens N --output-tokens N" in out.splitlines()[0]
+    assert "required with --prompt-tokens" in out
+
+
+def test_wok_plan_refuses_a_request_longer_than_the_context(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["plan", "--slo-ttft", "60", "--slo-tpot", "1"]
+    # sim:llama-3-8b-80g holds 8192 tokens: 8000 + 500 never runs, whatever the SLOs.
+    assert main([*base, "--prompt-tokens", "8000", "--output-tokens", "500"]) == 2
+    err = capsys.readouterr().err
+    assert "need 8500 tokens of context" in err and "holds 8192" in err
+    assert main([*base, "--prompt-tokens", "8000", "--output-tokens", "192"]) == 0

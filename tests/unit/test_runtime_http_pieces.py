@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,6 +33,7 @@ from wok_runtime.protocol import (
     lone_surrogate,
 )
 from wok_runtime.sequence import RequestMetrics
+from wok_runtime.serve import listen_socket
 from wok_runtime.server import APIError, AuthFailureLog, Server
 from wok_runtime.server_config import ServerConfig, parse_priority_classes
 
@@ -660,3 +662,18 @@ def test_a_request_still_gets_its_tokens_after_another_event_loop_has_submitted(
         return out.new_token_ids
 
     assert len(asyncio.run(first())) == 1
+
+
+def test_the_listening_socket_says_it_is_tcp_so_that_connections_get_nodelay():
+    # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP; on one made with
+    # proto 0 every answer written in two parts waited 40 ms for a delayed ACK.
+    sock = listen_socket("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        sock.listen()
+        client = socket.create_connection(sock.getsockname())
+        accepted, _ = sock.accept()
+        with client, accepted:
+            assert accepted.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()

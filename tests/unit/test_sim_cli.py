@@ -72,12 +72,28 @@ def test_the_ticks_say_what_the_law_decided_and_why(capsys, tmp_path):
         ["--splice", "poisson:1:60@60"],
         ["--splice", "poisson:1:60@60-30"],
         ["--splice", "/nonexistent/trace.jsonl@0-60"],
+        ["--score-from", "-1"],
+        ["--score-from", "90"],  # past the last arrival: nothing to score
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, flags):
     assert main([*SHORT, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("wok simulate: error:") and "\n" not in err
+
+
+def test_score_from_counts_only_the_requests_and_gpu_time_from_then_on(capsys):
+    from wok_contracts.traces import load_trace
+
+    scored = {}
+    for start in ("0", "45"):
+        assert main([*SHORT, "--json", "--score-from", start]) == 0
+        out, err = capsys.readouterr()
+        scored[start] = (json.loads(out)["policies"]["wok"], int(err.split()[0]))
+    arrivals = [r.arrival_s for r in load_trace("poisson:4:90")]
+    assert scored["0"][1] == len(arrivals)  # the default scores everything, as before
+    assert scored["45"][1] == sum(1 for t in arrivals if t >= 45.0)
+    assert scored["45"][0]["gpu_hours"] < scored["0"][0]["gpu_hours"]
 
 
 def test_simulate_runs_a_spliced_trace(capsys):
@@ -104,7 +120,11 @@ def test_the_default_run_is_the_documented_headline_run():
 def test_the_table_is_aligned_and_stderr_has_no_long_line(capsys):
     assert main([*SHORT[:-4], "--policy", "wok,sign-step", "--jobs", "1"]) == 0
     captured = capsys.readouterr()
-    lines = captured.out.strip().splitlines()
+    sentence, table = captured.out.strip().split("\n\n")
+    # The sentence comes first, wrapped for a terminal, and speaks of the first policy.
+    assert sentence.startswith("wok served ") and "sign-step" not in sentence
+    assert max(len(line) for line in sentence.splitlines()) <= 100
+    lines = table.splitlines()
     assert lines[0].split() == [header for header, _ in COLUMNS]
     assert set(lines[1]) == {"-"}
     assert [line.split()[0] for line in lines[2:]] == ["wok", "sign-step"]

@@ -10,6 +10,7 @@ import pytest
 from wok.cli import main
 from wok_sim.evaluate import (
     ON_REQUEST,
+    PLATEAU,
     SEEDS,
     STATIC,
     SWEPT_BASELINES,
@@ -24,14 +25,14 @@ from wok_sim.evaluate import (
     frontier,
     frontier_at,
     judge,
-    markdown,
     matrix,
     misses,
-    plot,
     run_all,
     second_jobs,
     variants_of,
 )
+from wok_sim.evaluation_report import markdown, plot
+from wok_sim.held_out import held_out, parse_traces
 
 CODE = Condition("code", 3.0, 90.0, "loose")
 
@@ -245,6 +246,11 @@ def test_a_journaled_run_continues_where_it_stopped(tmp_path: Path) -> None:
         (["--slo", "lax"], "--slo takes loose, tight"),
         (["--policy", "nope"], "no registered policy"),
         (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--baselines", "nope"], "unknown baseline nope (known: hpa-concurrency-swept"),
+        (["--trace", "load.csv@0"], "bad --trace 'load.csv@0'"),
+        (["--trace", "load.csv@x"], "bad --trace 'load.csv@x'"),
+        (["--trace", "/nonexistent/load.csv"], "trace /nonexistent/load.csv not found"),
+        (["--cold-start", "-1"], "--cold-start must be >= 0 s"),
     ],
 )
 def test_bad_arguments_are_one_clear_line(
@@ -252,3 +258,40 @@ def test_bad_arguments_are_one_clear_line(
 ) -> None:
     assert main(["evaluate", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_trace_values_name_built_in_traces_or_files_with_their_scales(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("")
+    names, files = parse_traces(["code,conv", f"{mine}@2,3,2", str(mine), "day"])
+    assert names == ["code", "conv", "day"]
+    assert files == [(str(mine), (2.0, 3.0)), (str(mine), (1.0,))]
+    assert held_out(files, {"loose"}, 90.0) == [
+        Condition(str(mine), s, 90.0, "loose") for s in (2.0, 3.0, 1.0)
+    ]
+    assert len(held_out([*files, *files], {"loose"}, 90.0)) == 3  # named twice, run once
+    conditions = held_out(files[:1], {"tight"}, 30.0)
+    assert conditions == [Condition(str(mine), s, 30.0, "tight") for s in (2.0, 3.0)]
+    assert conditions[0].label == "mine.jsonl ×2, 30 s start, tight SLOs"
+    assert CODE.label == "code ×3, 90 s start, loose SLOs"  # a built-in trace keeps its name
+
+
+def test_a_journal_line_cut_short_is_run_again_and_a_bad_one_is_an_error(tmp_path: Path) -> None:
+    moon = Condition("mooncake", 1.0, 90.0, "loose")
+    path = tmp_path / "runs.jsonl"
+    Journal(path).add(Outcome(Job(moon, 0, STATIC, 4016), "static-4", 16, 0.99, 0.34, 1.0))
+    whole = path.read_text()
+    path.write_text(whole + whole[:30])  # killed while writing the second line
+    assert list(Journal(path).done) == [Job(moon, 0, STATIC, 4016)]
+    assert path.read_text() == whole  # the next line starts on a line of its own
+    path.write_text(whole + "{}\n")
+    with pytest.raises(ValueError, match=r"runs.jsonl:2 is not a journal line"):
+        Journal(path)
+
+
+def test_where_no_fleet_saturates_the_other_seeds_stop_where_more_pods_buy_nothing() -> None:
+    first = [outcome("wok", "wok", None, 0.985, 5.0, seed=s) for s in SEEDS]
+    for n, att in ((1, 0.5), (2, 0.95), (3, 0.99), (4, 0.99 + PLATEAU / 2)):
+        first.append(outcome(STATIC, f"static-{n}", 16, att, float(n), variant=n * 1000 + 16))
+    fleets = sorted({j.variant for j in second_jobs(first, ["wok"]) if j.policy == STATIC})
+    assert fleets == [1016, 2016, 3016]  # 4 pods are within PLATEAU of 3: not run again
