@@ -39,6 +39,15 @@ if generation ~= nil and (status.observedGeneration == nil or status.observedGen
   return hs
 end
 
+-- A container that cannot run (an image that never pulls, a server that keeps crashing) does not
+-- mend itself: the operator names the pod and the reason.
+local failing = condition(status, "PodsFailing")
+if failing ~= nil and failing.status == "True" then
+  hs.status = "Degraded"
+  hs.message = "A runtime pod cannot run: " .. said(failing, "a container is failing")
+  return hs
+end
+
 local ready = condition(status, "Ready")
 local progressing = condition(status, "Progressing")
 local pending = condition(status, "PodsPending")

@@ -17,7 +17,13 @@ from wok_operator.budget import plan_for_spec
 from wok_operator.conditions import ISO_SECONDS
 from wok_operator.control import LawParams, decide
 from wok_operator.handlers import invalid_spec_status, reconciled_status, validated
-from wok_operator.loop import decision_status, observe, pod_view, state_from_status
+from wok_operator.loop import (
+    decision_status,
+    observe,
+    pod_view,
+    state_from_status,
+    with_pod_failures,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH_LUA = ROOT / "deploy" / "argocd" / "health.lua"
@@ -85,7 +91,7 @@ class Service:
             )
         )
 
-    def tick(self, *, ready: int, starting: int = 0, stalled: int = 0) -> None:
+    def tick(self, *, ready: int, starting: int = 0, stalled: int = 0, crashing: int = 0) -> None:
         spec = InferenceServiceSpec.model_validate(self.obj["spec"])
         params = LawParams.from_spec(spec, batch_mem=plan_for_spec(spec).max_batch_size)
         pods = [runtime_pod(f"r{i}", ready=True, age_s=60) for i in range(ready)]
@@ -93,29 +99,34 @@ class Service:
         pods += [
             runtime_pod(f"x{i}", ready=False, age_s=2 * STALLED_AFTER_S) for i in range(stalled)
         ]
+        pods += [runtime_pod(f"c{i}", ready=False, age_s=60, crash=True) for i in range(crashing)]
         signals = ServiceSignals(waiting=0, running=2 * ready, p99_seconds=0.5, kv_usage=0.1)
         obs = observe(signals, pods, now=NOW, stalled_after_s=STALLED_AFTER_S)
         state = state_from_status(self.status, spec, params)
         decision = decide(state, obs, params, now=NOW)
-        self.patch(
-            decision_status(
-                decision,
-                obs,
-                previous_conditions=self.status.get("conditions"),
-                generation=self.obj["metadata"]["generation"],
-                now="2026-01-01T00:00:00Z",
-            )
+        generation = self.obj["metadata"]["generation"]
+        now = "2026-01-01T00:00:00Z"
+        patch = decision_status(
+            decision,
+            obs,
+            previous_conditions=self.status.get("conditions"),
+            generation=generation,
+            now=now,
         )
+        self.patch(with_pod_failures(patch, pods, generation=generation, now=now))
 
 
-def runtime_pod(name: str, *, ready: bool, age_s: float) -> Any:
+def runtime_pod(name: str, *, ready: bool, age_s: float, crash: bool = False) -> Any:
     created = datetime.fromtimestamp(NOW - age_s, UTC).strftime(ISO_SECONDS)
     meta = {"uid": name, "creationTimestamp": created}
-    status = {
-        "phase": "Running" if ready else "Pending",
+    status: dict[str, Any] = {
+        "phase": "Running" if ready or crash else "Pending",
         "podIP": "10.0.0.1" if ready else None,
         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
     }
+    if crash:
+        waiting = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting"}
+        status["containerStatuses"] = [{"name": "runtime", "state": {"waiting": waiting}}]
     return pod_view(name, meta, status)
 
 
@@ -176,6 +187,17 @@ def test_pods_stuck_past_their_start_with_none_ready_are_degraded():
     assert "1 pod(s) pending past the pod start" in verdict["message"]
     # One pod still serves: the service is on its way, not failed.
     service.tick(ready=1, stalled=1)
+    assert health(service.obj)["status"] != "Degraded"
+
+
+def test_a_crash_looping_pod_is_degraded_with_the_operators_message_until_it_runs():
+    service = Service(SPEC)
+    service.reconcile()
+    service.tick(ready=1, crashing=1)
+    verdict = health(service.obj)
+    assert verdict["status"] == "Degraded"
+    assert "pod c0: runtime: CrashLoopBackOff" in verdict["message"]
+    service.tick(ready=1)
     assert health(service.obj)["status"] != "Degraded"
 
 
