@@ -28,12 +28,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from wok_runtime import brgemm_linear, paged_decode
+from wok_runtime import brgemm_linear, paged_attention, paged_decode
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
 from wok_runtime.model import FP32_GEMM_MIN_ROWS, Transformer
 from wok_runtime.model_config import ModelConfig
+from wok_runtime.paged_attention import PagedBatch, PagedKernel, paged_batch
 from wok_runtime.parallel import (
     Parallel,
     broadcast_step,
@@ -85,6 +86,7 @@ class _StepPlan:
     last_rows: torch.Tensor  # (len(inputs),) row of each input's last token
     decodes: list[_DecodeGroup] = field(default_factory=list)  # rows [0, num_decode)
     prefills: list[_Prefill] = field(default_factory=list)  # the rows after them
+    paged: PagedBatch | None = None  # the step for the runner's paged kernel, if it has one
 
 
 class _PagedAttention:
@@ -99,6 +101,7 @@ class _PagedAttention:
         self.k_blocks, self.v_blocks = runner.k_blocks, runner.v_blocks  # (layers, KVH, blocks, …)
         self.plan = plan
         self.kernel = runner.decode_kernel
+        self.paged_kernel = runner.paged_kernel
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -110,6 +113,8 @@ class _PagedAttention:
         else:
             self.k_slots[layer].index_copy_(1, plan.slots, k.transpose(0, 1))  # k: (T, KVH, hd)
             self.v_slots[layer].index_copy_(1, plan.slots, v.transpose(0, 1))
+        if self.paged_kernel is not None:  # planned for this step by the runner
+            return self.paged_kernel.attend(q, k_blocks, v_blocks)
         _, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         parts: list[torch.Tensor] = []
@@ -203,6 +208,17 @@ class ModelRunner:
         self.decode_kernel: paged_decode.Kernel | None = None
         # The whole step as one compiled graph (step_graph.py), made by `compile`; None: eager.
         self.step_graph: StepGraph | None = None
+        # Attention over the pages in place for every input (paged_attention.py): FlashInfer on
+        # CUDA where it imports (`use_attention_kernel`); None: the backend above.
+        self.paged_kernel: PagedKernel | None = None
+
+    def use_attention_kernel(self, choice: str = "auto") -> bool:
+        """Chooses the paged attention kernel (paged_attention.kernel_for); returns whether one
+        is in use."""
+        self.paged_kernel = paged_attention.kernel_for(
+            self.device, block_size=self.block_size, choice=choice
+        )
+        return self.paged_kernel is not None
 
     @classmethod
     def from_source(
@@ -220,9 +236,11 @@ class ModelRunner:
         tensor_parallel_size: int = 1,
         parallel: Parallel | None = None,
         port: int | None = None,
+        attention: str = "auto",
     ) -> ModelRunner:
         """`tensor_parallel_size` > 1 spawns the other ranks (which call this with their
-        `parallel` and the group's `port`)."""
+        `parallel` and the group's `port`). `attention` chooses the paged attention kernel
+        (paged_attention.kernel_for: "auto" is FlashInfer on CUDA where it imports)."""
         parallel = parallel or Parallel(0, tensor_parallel_size)
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if torch_device.type == "cuda":
@@ -250,6 +268,7 @@ class ModelRunner:
                     "gpu_memory_utilization": gpu_memory_utilization,
                     "max_num_batched_tokens": max_num_batched_tokens,
                     "max_model_len": max_model_len,
+                    "attention": attention,
                 }
                 workers = spawn_workers(parallel.size, port, same)
             assert port is not None, "a worker rank is given the group's port"
@@ -324,6 +343,7 @@ class ModelRunner:
             kv_memory=kv_memory,
             workers=workers,
         )
+        runner.use_attention_kernel(attention)
         if compile:
             runner.compile()
         return runner
@@ -367,6 +387,7 @@ class ModelRunner:
                 raise RuntimeError(f"a tensor-parallel rank exited (exit code {dead[0]})")
             broadcast_step(inputs)
         if self.step_graph is not None:
+            self._plan_kernel(plan)
             attention = _PagedAttention(self, plan)
             return self.step_graph(plan.input_ids, plan.positions, plan.last_rows, attention)
         return self.model.logits(self._run(plan))  # (len(inputs), vocab)
@@ -379,9 +400,23 @@ class ModelRunner:
     def _run(self, plan: _StepPlan) -> torch.Tensor:
         """The step through the model: hidden states of each input's last token (every rank
         ends with all of them)."""
+        self._plan_kernel(plan)
         backend = _PagedAttention(self, plan)
         hidden = self.model(plan.input_ids, plan.positions, backend)  # (T, hidden)
         return hidden[plan.last_rows]
+
+    def _plan_kernel(self, plan: _StepPlan) -> None:
+        """Plans the paged kernel for the step, once for all layers."""
+        if self.paged_kernel is None or plan.paged is None:
+            return
+        c = self.config
+        self.paged_kernel.plan(
+            plan.paged,
+            num_heads=c.num_attention_heads // self.parallel.size,
+            num_kv_heads=c.num_key_value_heads // self.parallel.size,
+            head_dim=c.head_dim,
+            dtype=self.dtype,
+        )
 
     def close(self) -> None:
         """Stops the other ranks (they also end with this process: they are daemons)."""
@@ -438,6 +473,14 @@ class ModelRunner:
             slots=to(torch.tensor(slots)),
             last_rows=to(torch.tensor(last_rows)),
         )
+        if self.paged_kernel is not None:  # it needs none of the groups below
+            plan.paged = paged_batch(
+                [len(inputs[i].token_ids) for i in order],
+                [inputs[i].start_pos + len(inputs[i].token_ids) for i in order],
+                [inputs[i].block_table for i in order],
+                bs,
+            )
+            return plan
         lengths = [inputs[i].start_pos + 1 for i in decode]  # ascending
         if self.decode_kernel is not None:  # it reads no padding: one group
             groups = [(0, len(decode))] if decode else []
