@@ -19,6 +19,7 @@ of it, (blocks, KVH, bs, hd), is FlashInfer's "HND" layout with strides (no copy
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 from collections.abc import Sequence
@@ -91,6 +92,11 @@ class PagedKernel(Protocol):
         (T, H, hd), each query attending causally to its sequence's keys."""
         ...
 
+    def for_graph(self, size: int, max_pages: int) -> PagedKernel:
+        """A kernel for a captured decode step of `size` sequences of at most `max_pages`
+        pages each: planned (outside the graph) before each replay, its `attend` captured."""
+        ...
+
 
 class ReferenceKernel:
     """SDPA over each sequence's gathered blocks: correct on every device, and slow (a copy of
@@ -115,6 +121,9 @@ class ReferenceKernel:
     ) -> torch.Tensor:
         assert self.batch is not None, "plan the step first"
         return reference_attention(q, k_blocks, v_blocks, self.batch)
+
+    def for_graph(self, size: int, max_pages: int) -> ReferenceKernel:
+        return ReferenceKernel()  # host work in `attend`: no CUDA graph captures it
 
 
 def reference_attention(
@@ -153,12 +162,32 @@ class FlashInferKernel:
         self.flashinfer = flashinfer
         self.device = device
         self.block_size = block_size
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "HND", use_tensor_cores=True
+            self.workspace, "HND", use_tensor_cores=True
         )
-        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND")
+        self.prefill: Any = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "HND")
         self._wrapper: Any = None
+
+    def for_graph(self, size: int, max_pages: int) -> FlashInferKernel:
+        """FlashInfer's decode wrapper in its CUDA-graph mode: its page table in buffers of
+        fixed size that `plan` fills before each replay (the workspace is shared, as in vLLM)."""
+
+        def i32(n: int) -> torch.Tensor:
+            return torch.empty(n, dtype=torch.int32, device=self.device)
+
+        kernel = copy.copy(self)
+        kernel.decode = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "HND",
+            use_tensor_cores=True,
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=i32(size + 1),
+            paged_kv_indices_buffer=i32(size * max_pages),
+            paged_kv_last_page_len_buffer=i32(size),
+        )
+        kernel.prefill = None  # a captured step decodes only
+        return kernel
 
     def plan(
         self,
@@ -169,8 +198,8 @@ class FlashInferKernel:
         head_dim: int,
         dtype: torch.dtype,
     ) -> None:
-        def i32(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=self.device)
+        def i32(values: list[int]) -> torch.Tensor:  # on the host: FlashInfer plans there
+            return torch.tensor(values, dtype=torch.int32)
 
         kv = (i32(batch.kv_indptr), i32(batch.kv_indices), i32(batch.kv_last_page_len))
         if batch.decode_only:
