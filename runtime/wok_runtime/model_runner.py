@@ -298,10 +298,12 @@ class ModelRunner:
         parallel: Parallel | None = None,
         port: int | None = None,
         attention: str = "auto",
+        cuda_graph_max_batch: int = 0,
     ) -> ModelRunner:
         """`tensor_parallel_size` > 1 spawns the other ranks (which call this with their
         `parallel` and the group's `port`). `attention` chooses the paged attention kernel
-        (paged_attention.kernel_for: "auto" is FlashInfer on CUDA where it imports)."""
+        (paged_attention.kernel_for: "auto" is FlashInfer on CUDA where it imports);
+        `cuda_graph_max_batch` > 0 captures decode graphs up to that batch (on CUDA)."""
         parallel = parallel or Parallel(0, tensor_parallel_size)
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if torch_device.type == "cuda":
@@ -407,6 +409,8 @@ class ModelRunner:
         runner.use_attention_kernel(attention)
         if compile:
             runner.compile()
+        if cuda_graph_max_batch > 0:
+            runner.capture_decode_graphs(cuda_graph_max_batch)
         return runner
 
     def compile(self) -> bool:

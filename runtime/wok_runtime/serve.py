@@ -62,6 +62,8 @@ def _build_runner(args: argparse.Namespace) -> Any:
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
         compile=args.compile,
+        attention=args.attention,
+        cuda_graph_max_batch=args.max_batch_size if args.cuda_graphs else 0,
     )
 
 

@@ -149,3 +149,19 @@ def test_without_cuda_nothing_is_captured_and_bad_input_is_still_rejected(
         runner.forward([StepInput([1], 0, [runner.num_blocks])])  # the scratch block is no one's
     with pytest.raises(ValueError, match="exceed max_model_len"):
         runner.forward([StepInput([1], MAX_LEN, list(range(MAX_LEN // BLOCK + 1)))])
+
+
+def test_serve_flags_choose_the_kernel_and_the_graphs(tiny_dir: Path) -> None:
+    from wok.cli import build_parser
+    from wok_runtime.paged_attention import ReferenceKernel
+    from wok_runtime.serve import _build_runner
+
+    argv = ["runtime", "serve", "--model", str(tiny_dir), "--device", "cpu"]
+    argv += ["--kv-cache-bytes", str(1 << 20), "--attention", "reference", "--cuda-graphs"]
+    args = build_parser().parse_args(argv)
+    assert args.cuda_graphs and args.attention == "reference"
+    runner = _build_runner(args)
+    assert isinstance(runner.paged_kernel, ReferenceKernel)
+    assert runner.decode_graphs is None  # no CUDA here: every step runs as launched
+    default = build_parser().parse_args(argv[:6])
+    assert default.attention == "auto" and not default.cuda_graphs
