@@ -68,13 +68,13 @@ def vllm_server(python: str, model_dir: Path, logs: Path, sizes: ServeSizes) -> 
     return Server("vllm", command, {}, "/health", port, logs / "vllm.log")
 
 
-def servers(
-    model_dir: Path, vllm_python: str, logs: Path, sizes: ServeSizes
-) -> list[Server]:
+def servers(model_dir: Path, vllm_python: str, logs: Path, sizes: ServeSizes) -> list[Server]:
     """wok first: it takes its pool before vLLM measures what is free."""
     max_batch = max(sizes.requests)
-    return [wok_server(model_dir, logs, sizes, max_batch), vllm_server(vllm_python, model_dir,
-                                                                         logs, sizes)]
+    return [
+        wok_server(model_dir, logs, sizes, max_batch),
+        vllm_server(vllm_python, model_dir, logs, sizes),
+    ]
 
 
 def compare(
