@@ -5,6 +5,7 @@ reference from exactly the arguments the adapter hands FlashInfer)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ class FakeWrapper:
 
     def _plan(self, qo: list[int] | None, indptr, indices, last, page_size: int) -> None:
         indptr, indices, last = indptr.tolist(), indices.tolist(), last.tolist()
-        counts = [b - a for a, b in zip(indptr, indptr[1:], strict=False)]
+        counts = [b - a for a, b in itertools.pairwise(indptr)]
         kv_lens = [(c - 1) * page_size + n for c, n in zip(counts, last, strict=True)]
         qo = qo or list(range(len(counts) + 1))
         self.batch = PagedBatch(qo, indptr, indices, last, kv_lens)
