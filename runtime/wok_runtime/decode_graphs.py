@@ -176,12 +176,10 @@ class DecodeGraphs:
         self.block_tables[:n].copy_(tables)
         self.lengths[:n].copy_(positions + 1)
         self._pad(n)
-        allowed = self._keys[None, :] < self.lengths[:size, None]  # (size, keys)
-        self.mask[:size, 0, 0].copy_(
-            torch.zeros(allowed.shape, dtype=self.mask.dtype, device=allowed.device).masked_fill_(
-                ~allowed, float("-inf")
-            )
-        )
+        if runner.paged_kernel is None and runner.decode_kernel is None:  # SDPA reads the mask
+            allowed = self._keys[None, :] < self.lengths[:size, None]  # (size, keys)
+            additive = torch.zeros(allowed.shape, dtype=self.mask.dtype, device=allowed.device)
+            self.mask[:size, 0, 0].copy_(additive.masked_fill_(~allowed, float("-inf")))
         kernel = self.kernels.get(size)
         if kernel is not None:
             batch = self._paged_batch(

@@ -277,7 +277,7 @@ class ModelRunner:
         """Chooses the paged attention kernel (paged_attention.kernel_for); returns whether one
         is in use."""
         self.paged_kernel = paged_attention.kernel_for(
-            self.device, block_size=self.block_size, choice=choice
+            self.device, block_size=self.block_size, head_dim=self.config.head_dim, choice=choice
         )
         return self.paged_kernel is not None
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: FlashInfer's scratch space (its examples and vLLM use 128 MiB).
 WORKSPACE_BYTES = 128 * 2**20
+#: The head sizes FlashInfer's prebuilt kernels serve; others keep the runner's attention.
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ class FlashInferKernel:
     ) -> torch.Tensor:
         assert self._wrapper is not None, "plan the step first"
         # (KVH, blocks, bs, hd) viewed as (blocks, KVH, bs, hd): FlashInfer's HND, strided.
-        return self._wrapper.run(q, (k_blocks.transpose(0, 1), v_blocks.transpose(0, 1)))
+        cache = (k_blocks.transpose(0, 1), v_blocks.transpose(0, 1))
+        return self._wrapper.run(q.contiguous(), cache)
 
 
 def load_flashinfer() -> Any | None:
@@ -244,10 +247,12 @@ def load_flashinfer() -> Any | None:
         return None
 
 
-def kernel_for(device: torch.device, *, block_size: int, choice: str = "auto") -> Any | None:
+def kernel_for(
+    device: torch.device, *, block_size: int, head_dim: int, choice: str = "auto"
+) -> Any | None:
     """The paged kernel the runner uses on `device`: `choice` "auto" takes FlashInfer on CUDA
-    where it imports and none elsewhere (the CPU keeps its own decode kernel); "reference"
-    forces the reference; "none" none; "flashinfer" requires it."""
+    where it imports and serves the head size, none elsewhere (the CPU keeps its own decode
+    kernel); "reference" forces the reference; "none" none; "flashinfer" requires it."""
     if choice == "none":
         return None
     if choice == "reference":
@@ -257,6 +262,11 @@ def kernel_for(device: torch.device, *, block_size: int, choice: str = "auto") -
     if device.type != "cuda":
         if choice == "flashinfer":
             raise ValueError("the FlashInfer kernel runs on CUDA only")
+        return None
+    if head_dim not in FLASHINFER_HEAD_DIMS:
+        if choice == "flashinfer":
+            raise ValueError(f"FlashInfer serves head sizes {FLASHINFER_HEAD_DIMS}, not {head_dim}")
+        log.info("head size %d: attention gathers blocks for SDPA", head_dim)
         return None
     module = load_flashinfer()
     if module is None:

@@ -167,13 +167,15 @@ def test_a_paged_kernel_gives_the_runners_own_logits(tiny_dir: Path, kernel: str
 
 def test_the_kernel_choice_by_device() -> None:
     cpu = torch.device("cpu")
-    assert kernel_for(cpu, block_size=BLOCK) is None  # the CPU keeps its decode kernel
-    assert isinstance(kernel_for(cpu, block_size=BLOCK, choice="reference"), ReferenceKernel)
-    assert kernel_for(cpu, block_size=BLOCK, choice="none") is None
+    assert kernel_for(cpu, block_size=BLOCK, head_dim=64) is None  # the CPU keeps its decode kernel
+    assert isinstance(
+        kernel_for(cpu, block_size=BLOCK, head_dim=64, choice="reference"), ReferenceKernel
+    )
+    assert kernel_for(cpu, block_size=BLOCK, head_dim=64, choice="none") is None
     with pytest.raises(ValueError, match="CUDA only"):
-        kernel_for(cpu, block_size=BLOCK, choice="flashinfer")
+        kernel_for(cpu, block_size=BLOCK, head_dim=64, choice="flashinfer")
     with pytest.raises(ValueError, match="unknown attention kernel"):
-        kernel_for(cpu, block_size=BLOCK, choice="flex")
+        kernel_for(cpu, block_size=BLOCK, head_dim=64, choice="flex")
 
 
 def test_cuda_without_flashinfer_falls_back_to_the_runners_attention(
@@ -181,6 +183,16 @@ def test_cuda_without_flashinfer_falls_back_to_the_runners_attention(
 ) -> None:
     monkeypatch.setattr(paged_attention, "load_flashinfer", lambda: None)
     cuda = torch.device("cuda")
-    assert kernel_for(cuda, block_size=BLOCK) is None
+    assert kernel_for(cuda, block_size=BLOCK, head_dim=64) is None
     with pytest.raises(ValueError, match="does not import"):
-        kernel_for(cuda, block_size=BLOCK, choice="flashinfer")
+        kernel_for(cuda, block_size=BLOCK, head_dim=64, choice="flashinfer")
+
+
+def test_a_head_size_flashinfer_does_not_serve_keeps_the_runners_attention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(paged_attention, "load_flashinfer", lambda: FakeFlashInfer)
+    cuda = torch.device("cuda")
+    assert kernel_for(cuda, block_size=BLOCK, head_dim=32) is None
+    with pytest.raises(ValueError, match="head sizes"):
+        kernel_for(cuda, block_size=BLOCK, head_dim=32, choice="flashinfer")
