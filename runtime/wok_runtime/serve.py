@@ -51,6 +51,11 @@ def _build_runner(args: argparse.Namespace) -> Any:
         raise ValueError("--profile and --sim-load-seconds need --device sim")
     from wok_runtime.model_runner import ModelRunner
 
+    if args.compile:  # its builds kept in the cache volume, one set per CPU
+        from wok_runtime.builtin import cache_root
+        from wok_runtime.compile_cache import configure
+
+        configure(cache_root())
     return ModelRunner.from_source(
         args.model,
         dtype=args.dtype or _default_dtype(args.device),
