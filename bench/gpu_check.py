@@ -155,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         if not cuda:
             report["serve"] = report["profile"] = {"skipped": "CUDA only"}
         else:
-            path = model_path(big["model"], device)
+            path = model_path(big["model"], device) if "skipped" not in big else None
             report["serve"] = timed_part(
-                "serve" in skip, began, lambda: serve_part(path, args.vllm_python, out)
+                "serve" in skip, began, path, lambda: serve_part(path, args.vllm_python, out)
             )
             report["profile"] = timed_part(
-                "profile" in skip, began, lambda: profile_part(path, big["model"], out)
+                "profile" in skip, began, path, lambda: profile_part(path, big["model"], out)
             )
     except Exception as error:  # the report keeps what was measured, and says why it stopped
         report["error"] = f"{type(error).__name__}: {error}"[:500]
@@ -193,13 +193,18 @@ def model_path(model: str, device: str) -> Path:
     return resolve_source(model)
 
 
-def timed_part(skipped: bool, began: float, run: Any) -> dict[str, Any]:
+def timed_part(skipped: bool, began: float, path: Path | None, run: Any) -> dict[str, Any]:
     if skipped:
         return {"skipped": "--skip"}
+    if path is None:
+        return {"skipped": "its model was skipped"}
     if time.monotonic() - began > TIME_LIMIT_S:
         return {"skipped": f"past the {TIME_LIMIT_S:.0f} s time limit"}
     t0 = time.monotonic()
-    result = run()
+    try:
+        result = run()
+    except (Exception, SystemExit) as error:  # a server that never came up: the next part runs
+        result = {"error": f"{type(error).__name__}: {error}"[-2000:]}
     return {**result, "wall_s": time.monotonic() - t0}
 
 
