@@ -59,12 +59,11 @@ if importlib.util.find_spec("wok_runtime") is None:  # a bare checkout (the GPU 
 
 MAX_NUM_BATCHED_TOKENS = 2048  # the runner's and the budget's (engine_vs_hf's too)
 TIME_LIMIT_S = 480.0  # past this (from the start), the remaining parts are skipped
-#: What the GPU machine's Python needs (`--setup` installs them): vLLM's CUDA wheel brings the
-#: PyPI torch it is built for; FlashInfer's prebuilt kernels come with flashinfer-cubin.
+#: What the GPU machine's Python needs (`--setup` installs them, then flashinfer-cubin at the
+#: FlashInfer's version): vLLM's CUDA wheel brings the PyPI torch it is built for.
 REQUIREMENTS = (
     "vllm",
     "flashinfer-python",
-    "flashinfer-cubin",
     "transformers",
     "tokenizers",
     "safetensors",
@@ -247,7 +246,14 @@ def setup(venv: Path, wheels: str | None, argv: list[str]) -> int:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     source = ["--no-index", "--find-links", wheels] if wheels else []
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *source, *REQUIREMENTS], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", *source]
+    subprocess.run([*pip, *REQUIREMENTS], check=True)
+    # FlashInfer's prebuilt kernels, at the version of the FlashInfer that vLLM's pin chose (a
+    # FlashInfer without them fetches them at first use, and the GPU machine has no network).
+    ask = "import importlib.metadata as m; print(m.version('flashinfer-python'))"
+    found = subprocess.run([str(python), "-c", ask], capture_output=True, text=True, check=True)
+    version = found.stdout.strip()
+    subprocess.run([*pip, f"flashinfer-cubin=={version}"], check=True)
     rest = strip_setup(argv)
     return subprocess.run([str(python), str(Path(__file__).resolve()), *rest]).returncode
 
