@@ -139,6 +139,45 @@ def test_a_paged_kernel_is_planned_before_each_replay(tiny_dir: Path) -> None:
     assert planned is not None and planned.kv_indices[-1] == graphed.scratch_block
 
 
+def test_the_cpu_decode_kernel_reads_the_graphs_padded_tables(tiny_dir: Path) -> None:
+    """The CPU's decode kernel (paged_decode.py) takes each row's table at the buffers' full
+    width and its length, no mask."""
+    from wok_runtime import paged_decode
+
+    plain, graphed = runner_for(tiny_dir), runner_for(tiny_dir)
+    graphed.decode_kernel = paged_decode.load()
+    assert graphed.decode_kernel is not None, "the C++ toolchain that --compile needs"
+    capture = FakeGraphCapture()
+    graphed.capture_decode_graphs(4, capture)
+    run_both(plain, graphed, sequences=3, decodes=2)
+    assert capture.replays == Counter({4: 2})
+
+
+def test_flashinfer_runs_in_its_graph_mode_inside_the_graphs(tiny_dir: Path) -> None:
+    """Each size's kernel is FlashInfer's decode wrapper in CUDA-graph mode, its page table in
+    buffers of that size (through the fake `flashinfer` of test_paged_attention.py)."""
+    from test_paged_attention import FakeFlashInfer
+
+    from wok_runtime.paged_attention import FlashInferKernel
+
+    plain, graphed = runner_for(tiny_dir), runner_for(tiny_dir)
+    graphed.paged_kernel = FlashInferKernel(FakeFlashInfer, graphed.device, block_size=BLOCK)
+    capture = FakeGraphCapture()
+    graphed.capture_decode_graphs(4, capture)
+    run_both(plain, graphed, sequences=3, decodes=2)
+    assert capture.replays == Counter({4: 2})
+    assert graphed.decode_graphs is not None
+    kernel = graphed.decode_graphs.kernels[4]
+    assert isinstance(kernel, FlashInferKernel) and kernel.prefill is None
+    options = kernel.decode.options
+    assert options["use_cuda_graph"] is True
+    assert options["paged_kv_indptr_buffer"].shape == (5,)
+    assert options["paged_kv_indices_buffer"].shape == (4 * MAX_LEN // BLOCK,)
+    assert options["paged_kv_last_page_len_buffer"].dtype == torch.int32
+    # Planned before each replay (and once at capture), every time as a decode of 4 rows.
+    assert len(kernel.decode.plans) == 3 and kernel.workspace is graphed.paged_kernel.workspace
+
+
 def test_without_cuda_nothing_is_captured_and_bad_input_is_still_rejected(
     tiny_dir: Path,
 ) -> None:

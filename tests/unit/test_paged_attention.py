@@ -75,6 +75,7 @@ class FakeWrapper:
 
     def __init__(self, workspace: torch.Tensor, layout: str, **options: Any) -> None:
         assert layout == "HND" and workspace.dtype == torch.uint8
+        self.options = options
         self.plans: list[dict[str, Any]] = []
         self.batch: PagedBatch | None = None
 
