@@ -85,6 +85,19 @@ def _register_serve(runtime: Any) -> None:
         help="compile the model with torch.compile (inductor) and warm it up before serving "
         "(seconds to a minute at start; eager if compiling fails)",
     )
+    p.add_argument(
+        "--attention",
+        choices=("auto", "flashinfer", "reference", "none"),
+        default="auto",
+        help="paged attention kernel: auto is FlashInfer on CUDA where it is installed, the "
+        "runtime's own elsewhere (docs/runtime-contract.md)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="CUDA: replay decode steps from graphs captured for batch sizes up to "
+        "--max-batch-size (eager where capture fails)",
+    )
     p.add_argument("--profile", default=None, help="sim: step-time profile, sim:NAME or a path")
     p.add_argument(
         "--sim-load-seconds",

@@ -28,12 +28,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from wok_runtime import brgemm_linear, paged_decode
+from wok_runtime import brgemm_linear, paged_attention, paged_decode
+from wok_runtime.decode_graphs import (
+    MAX_CAPTURED_BATCH,
+    CudaGraphCapture,
+    DecodeGraphs,
+    GraphCapture,
+    capture_sizes,
+)
 from wok_runtime.host_memory import available_bytes, default_cpu_kv_bytes
 from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE, KvMemory
 from wok_runtime.loader import load_model, parse_dtype, resolve_source
 from wok_runtime.model import FP32_GEMM_MIN_ROWS, Transformer
 from wok_runtime.model_config import ModelConfig
+from wok_runtime.paged_attention import PagedBatch, PagedKernel, paged_batch
 from wok_runtime.parallel import (
     Parallel,
     broadcast_step,
@@ -85,6 +93,8 @@ class _StepPlan:
     last_rows: torch.Tensor  # (len(inputs),) row of each input's last token
     decodes: list[_DecodeGroup] = field(default_factory=list)  # rows [0, num_decode)
     prefills: list[_Prefill] = field(default_factory=list)  # the rows after them
+    paged: PagedBatch | None = None  # the step as `kernel` takes it
+    kernel: PagedKernel | None = None  # attends for every input (None: `decodes`, `prefills`)
 
 
 class _PagedAttention:
@@ -99,6 +109,7 @@ class _PagedAttention:
         self.k_blocks, self.v_blocks = runner.k_blocks, runner.v_blocks  # (layers, KVH, blocks, …)
         self.plan = plan
         self.kernel = runner.decode_kernel
+        self.paged_kernel = plan.kernel
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -110,6 +121,8 @@ class _PagedAttention:
         else:
             self.k_slots[layer].index_copy_(1, plan.slots, k.transpose(0, 1))  # k: (T, KVH, hd)
             self.v_slots[layer].index_copy_(1, plan.slots, v.transpose(0, 1))
+        if self.paged_kernel is not None:  # planned for this step (ModelRunner._plan_kernel)
+            return self.paged_kernel.attend(q, k_blocks, v_blocks)
         _, n_heads, head_dim = q.shape
         n_kv_heads = k.shape[1]
         parts: list[torch.Tensor] = []
@@ -189,12 +202,15 @@ class ModelRunner:
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
         c = self.config
         kv_heads, layers = c.num_key_value_heads // self.parallel.size, c.num_hidden_layers
-        shape = (layers, kv_heads, num_blocks, block_size, c.head_dim)
+        # One block more than the budget's: the scratch block, which no sequence owns, where the
+        # padded rows of a captured decode step write (decode_graphs.py).
+        self.scratch_block = num_blocks
+        shape = (layers, kv_heads, num_blocks + 1, block_size, c.head_dim)
         # Zeros, not empty: padded gathers read unwritten slots, and garbage there could be NaN,
         # which a zero attention weight does not cancel (0 * NaN = NaN).
         self.k_blocks = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_blocks = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        flat = (layers, kv_heads, num_blocks * block_size, c.head_dim)
+        flat = (layers, kv_heads, (num_blocks + 1) * block_size, c.head_dim)
         self._k_slots = self.k_blocks.view(flat)  # (layers, KVH, num_slots, hd)
         self._v_slots = self.v_blocks.view(flat)
         self._pin = self.device.type == "cuda"
@@ -203,6 +219,67 @@ class ModelRunner:
         self.decode_kernel: paged_decode.Kernel | None = None
         # The whole step as one compiled graph (step_graph.py), made by `compile`; None: eager.
         self.step_graph: StepGraph | None = None
+        # Decode steps replayed from CUDA graphs (decode_graphs.py), made by
+        # `capture_decode_graphs`; None: every step runs as launched.
+        self.decode_graphs: DecodeGraphs | None = None
+        # Attention over the pages in place for every input (paged_attention.py): FlashInfer on
+        # CUDA where it imports (`use_attention_kernel`); None: the backend above.
+        self.paged_kernel: PagedKernel | None = None
+
+    def capture_decode_graphs(
+        self, max_batch: int = MAX_CAPTURED_BATCH, capture: GraphCapture | None = None
+    ) -> tuple[int, ...]:
+        """Captures the decode step for the batch sizes up to `max_batch` (`capture`: CUDA
+        graphs; on a device without them, nothing is captured unless a capture is given).
+        Returns the sizes captured; a size that fails to capture runs eager (logged)."""
+        self.decode_graphs = None
+        if self.workers or self.parallel.size > 1:
+            log.info("decode graphs are not captured under tensor parallelism; steps run eager")
+            return ()
+        if capture is None:
+            if self.device.type != "cuda":
+                return ()
+            capture = CudaGraphCapture()
+        with torch.inference_mode():
+            graphs = DecodeGraphs(self, capture_sizes(max_batch), capture)
+        self.k_blocks.zero_()  # the captures' K/V (see __init__: no garbage in the pool)
+        self.v_blocks.zero_()
+        if graphs.captured:
+            self.decode_graphs = graphs
+        log.info("decode steps captured for batch sizes %s", list(graphs.captured))
+        return graphs.captured
+
+    def static_decode_plan(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        last_rows: torch.Tensor,
+        block_tables: torch.Tensor,
+        lengths: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> _StepPlan:
+        """A decode step over fixed tensors (a captured graph's): every row one sequence, its
+        block table padded to `block_tables`' width; `mask` hides the keys past each length."""
+        B = input_ids.shape[0]
+        with_kernel = self.decode_kernel is not None
+        group = _DecodeGroup(
+            0,
+            B,
+            block_tables.reshape(-1),
+            None if with_kernel else mask,
+            lengths if with_kernel else None,
+        )
+        return _StepPlan(input_ids, positions, slots, last_rows, decodes=[group])
+
+    def use_attention_kernel(self, choice: str = "auto") -> bool:
+        """Chooses the paged attention kernel (paged_attention.kernel_for); returns whether one
+        is in use."""
+        self.paged_kernel = paged_attention.kernel_for(
+            self.device, block_size=self.block_size, head_dim=self.config.head_dim, choice=choice
+        )
+        return self.paged_kernel is not None
 
     @classmethod
     def from_source(
@@ -220,9 +297,13 @@ class ModelRunner:
         tensor_parallel_size: int = 1,
         parallel: Parallel | None = None,
         port: int | None = None,
+        attention: str = "auto",
+        cuda_graph_max_batch: int = 0,
     ) -> ModelRunner:
         """`tensor_parallel_size` > 1 spawns the other ranks (which call this with their
-        `parallel` and the group's `port`)."""
+        `parallel` and the group's `port`). `attention` chooses the paged attention kernel
+        (paged_attention.kernel_for: "auto" is FlashInfer on CUDA where it imports);
+        `cuda_graph_max_batch` > 0 captures decode graphs up to that batch (on CUDA)."""
         parallel = parallel or Parallel(0, tensor_parallel_size)
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if torch_device.type == "cuda":
@@ -250,6 +331,7 @@ class ModelRunner:
                     "gpu_memory_utilization": gpu_memory_utilization,
                     "max_num_batched_tokens": max_num_batched_tokens,
                     "max_model_len": max_model_len,
+                    "attention": attention,
                 }
                 workers = spawn_workers(parallel.size, port, same)
             assert port is not None, "a worker rank is given the group's port"
@@ -324,8 +406,11 @@ class ModelRunner:
             kv_memory=kv_memory,
             workers=workers,
         )
+        runner.use_attention_kernel(attention)
         if compile:
             runner.compile()
+        if cuda_graph_max_batch > 0:
+            runner.capture_decode_graphs(cuda_graph_max_batch)
         return runner
 
     def compile(self) -> bool:
@@ -359,6 +444,10 @@ class ModelRunner:
         input: shape (len(inputs), vocab)."""
         if not inputs:
             return torch.empty(0, self.config.vocab_size, device=self.device)
+        if self.decode_graphs is not None:
+            logits = self.decode_graphs.run(inputs)
+            if logits is not None:
+                return logits
         plan = self._plan(inputs)  # checked before any other rank sees the step
         if self.workers:
             # A rank that died would leave the broadcast waiting for it: fail the step instead.
@@ -366,10 +455,16 @@ class ModelRunner:
             if dead:
                 raise RuntimeError(f"a tensor-parallel rank exited (exit code {dead[0]})")
             broadcast_step(inputs)
+        self._plan_kernel(plan)
+        return self.run_plan(plan)
+
+    def run_plan(self, plan: _StepPlan) -> torch.Tensor:
+        """The step of a plan whose kernel (if any) is planned: fp32 logits of its last rows.
+        Reads only the plan's tensors and the pool, so a CUDA graph can capture it."""
         if self.step_graph is not None:
             attention = _PagedAttention(self, plan)
             return self.step_graph(plan.input_ids, plan.positions, plan.last_rows, attention)
-        return self.model.logits(self._run(plan))  # (len(inputs), vocab)
+        return self.model.logits(self._hidden(plan))  # (len(inputs), vocab)
 
     @torch.inference_mode()
     def forward_shard(self, inputs: list[StepInput]) -> None:
@@ -379,9 +474,28 @@ class ModelRunner:
     def _run(self, plan: _StepPlan) -> torch.Tensor:
         """The step through the model: hidden states of each input's last token (every rank
         ends with all of them)."""
+        self._plan_kernel(plan)
+        return self._hidden(plan)
+
+    def _hidden(self, plan: _StepPlan) -> torch.Tensor:
         backend = _PagedAttention(self, plan)
         hidden = self.model(plan.input_ids, plan.positions, backend)  # (T, hidden)
         return hidden[plan.last_rows]
+
+    def _plan_kernel(self, plan: _StepPlan) -> None:
+        """Plans the step's paged kernel, once for all layers."""
+        if plan.kernel is not None and plan.paged is not None:
+            self.plan_kernel(plan.kernel, plan.paged)
+
+    def plan_kernel(self, kernel: PagedKernel, batch: PagedBatch) -> None:
+        c = self.config
+        kernel.plan(
+            batch,
+            num_heads=c.num_attention_heads // self.parallel.size,
+            num_kv_heads=c.num_key_value_heads // self.parallel.size,
+            head_dim=c.head_dim,
+            dtype=self.dtype,
+        )
 
     def close(self) -> None:
         """Stops the other ranks (they also end with this process: they are daemons)."""
@@ -392,6 +506,19 @@ class ModelRunner:
             worker.join(timeout=30)
         self.workers = []
         torch.distributed.destroy_process_group()
+
+    def check_input(self, x: StepInput) -> None:
+        """A clear error for an input no step can run."""
+        n, start, table = len(x.token_ids), x.start_pos, x.block_table
+        end = start + n
+        if n == 0:
+            raise ValueError("a step input has no tokens")
+        if start < 0 or end > self.max_model_len:
+            raise ValueError(f"positions [{start}, {end}) exceed max_model_len")
+        if len(table) * self.block_size < end:
+            raise ValueError(f"block table of {len(table)} blocks does not cover {end} tokens")
+        if table and (min(table) < 0 or max(table) >= self.num_blocks):
+            raise ValueError(f"a block table names a block outside [0, {self.num_blocks})")
 
     def _plan(self, inputs: list[StepInput]) -> _StepPlan:
         """Packs the step (single-token inputs first, so decode rows are one slice) and computes
@@ -410,14 +537,9 @@ class ModelRunner:
         last_rows = [0] * len(inputs)
         for i in order:
             x = inputs[i]
+            self.check_input(x)
             n, start, table = len(x.token_ids), x.start_pos, x.block_table
             end = start + n
-            if n == 0:
-                raise ValueError("a step input has no tokens")
-            if start < 0 or end > self.max_model_len:
-                raise ValueError(f"positions [{start}, {end}) exceed max_model_len")
-            if len(table) * bs < end:
-                raise ValueError(f"block table of {len(table)} blocks does not cover {end} tokens")
             token_ids.extend(x.token_ids)
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -427,9 +549,6 @@ class ModelRunner:
                 f"{len(token_ids)} tokens exceed max_num_batched_tokens "
                 f"({self.max_num_batched_tokens})"
             )
-        table_ids = [b for i in order for b in inputs[i].block_table]
-        if min(table_ids) < 0 or max(table_ids) >= self.num_blocks:
-            raise ValueError(f"a block table names a block outside [0, {self.num_blocks})")
 
         to = self._to_device
         plan = _StepPlan(
@@ -438,6 +557,15 @@ class ModelRunner:
             slots=to(torch.tensor(slots)),
             last_rows=to(torch.tensor(last_rows)),
         )
+        if self.paged_kernel is not None:  # it needs none of the groups below
+            plan.kernel = self.paged_kernel
+            plan.paged = paged_batch(
+                [len(inputs[i].token_ids) for i in order],
+                [inputs[i].start_pos + len(inputs[i].token_ids) for i in order],
+                [inputs[i].block_table for i in order],
+                bs,
+            )
+            return plan
         lengths = [inputs[i].start_pos + 1 for i in decode]  # ascending
         if self.decode_kernel is not None:  # it reads no padding: one group
             groups = [(0, len(decode))] if decode else []

@@ -77,16 +77,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def backend_for(device: torch.device) -> str:
+    """The collective library for ranks on `device`: NCCL between GPUs (its all-reduce runs on
+    the GPUs, over NVLink where there is one), gloo between CPU processes."""
+    if device.type == "cuda":
+        if not dist.is_nccl_available():
+            raise ValueError(
+                "tensor parallelism on CUDA needs NCCL, and this torch build has none "
+                "(install torch built for CUDA with NCCL)"
+            )
+        return "nccl"
+    if device.type == "cpu":
+        return "gloo"
+    raise ValueError(f"tensor parallelism runs on cuda or cpu, not {device.type}")
+
+
 def join_group(parallel: Parallel, port: int, device: torch.device) -> None:
     """Joins the group on loopback (every rank of a pod is on one host); rank 0 hosts the
-    rendezvous."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    rendezvous. On CUDA the rank's GPU is bound to the group (`device_id`), so NCCL sets up
+    its communicator at once rather than at the first collective."""
+    backend = backend_for(device)
     dist.init_process_group(
         backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=parallel.rank,
         world_size=parallel.size,
         timeout=TIMEOUT,
+        device_id=device if backend == "nccl" else None,
     )
 
 

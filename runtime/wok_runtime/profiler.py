@@ -424,6 +424,13 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="what times a step (auto: the thread's CPU time with --threads 1 on CPU, else wall)",
     )
+    p.add_argument(
+        "--cuda-graph-max-batch",
+        type=int,
+        default=0,
+        help="CUDA: decode steps up to this batch replayed from captured graphs, as "
+        "`wok runtime serve --cuda-graphs` runs them (0: none)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed passes over the grid first")
     p.add_argument("--repeats", type=int, default=5, help="timed passes over the whole grid")
     p.add_argument("--quick", action="store_true", help="a tiny grid, 2 repeats (for tests)")
@@ -493,6 +500,7 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=max_model_len,
+        cuda_graph_max_batch=args.cuda_graph_max_batch,
     )
     engine = LLMEngine(
         runner,

@@ -75,6 +75,11 @@ def _build_runner(args: argparse.Namespace) -> Any:
         raise ValueError("--profile and --sim-load-seconds need --device sim")
     from wok_runtime.model_runner import ModelRunner
 
+    if args.compile:  # its builds kept in the cache volume, one set per CPU
+        from wok_runtime.builtin import cache_root
+        from wok_runtime.compile_cache import configure
+
+        configure(cache_root())
     return ModelRunner.from_source(
         args.model,
         dtype=args.dtype or _default_dtype(args.device),
@@ -86,6 +91,8 @@ def _build_runner(args: argparse.Namespace) -> Any:
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
         compile=args.compile,
+        attention=args.attention,
+        cuda_graph_max_batch=args.max_batch_size if args.cuda_graphs else 0,
     )
 
 

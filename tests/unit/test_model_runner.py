@@ -269,7 +269,9 @@ def test_kv_pool_is_sized_from_the_budget(tiny_dir: Path) -> None:
     )
     assert runner.kv_bytes_per_token == per_token
     assert (runner.num_blocks, runner.block_size) == (10, 16)
-    assert runner.k_blocks.numel() * 4 * 2 == 10 * 16 * per_token
+    # The budget's blocks, and the scratch block that padded rows of a decode graph write.
+    assert runner.k_blocks.numel() * 4 * 2 == (10 + 1) * 16 * per_token
+    assert runner.scratch_block == 10
     assert runner.device == torch.device("cpu")
     assert runner.dtype == torch.float32
     assert runner.max_model_len == config.max_position_embeddings
