@@ -13,12 +13,13 @@ token ids, `ignore_eos`, long outputs) stream concurrently:
     scheduled with them (vLLM's and wok's schedulers both mix a new prompt into the running
     batch), so the background gap that ends when its token arrives is a step of `decodes`
     decodes plus a `prefill`-token chunk.
-Each shape's time is the median over its gaps (a chunk carrying n tokens counts as n steps of
-gap / n: a server whose streaming lags merges steps). The step's context is what its inputs
-attend to, as the in-process profiler counts it. The same non-negative fit (profiler.py) gives
-the four costs. What this cannot see: a step of prefill alone (its TTFT carries the HTTP round
-trip), and the server's own time outside its steps is folded into the costs (it is also in what
-clients see).
+A decode step's time is the mean gap over the stretches without an injection (streams bunch
+tokens, so one gap says little; a chunk carrying n tokens counts as n steps of gap / n), a
+prefill step's the extra time its injection added to the background's stretch. A step's
+context is what its inputs attend to, as the in-process profiler counts it. The same
+non-negative fit (profiler.py) gives the four costs. What this cannot see: a step of prefill
+alone (its TTFT carries the HTTP round trip). The server's own time around its steps is folded
+into the costs (clients see it too).
 
 The server's size comes from its own answers where it gives them (`/v1/models`: max_model_len;
 `/metrics`: vLLM's `vllm:cache_config_info`, wok's `wok_kv_cache_blocks` and
@@ -136,57 +137,85 @@ def stream_gaps(timeline: Timeline) -> list[Gap]:
     return gaps
 
 
+@dataclass(frozen=True)
+class Injection:
+    """A prompt sent while the background decoded: its size, when it was sent and when its
+    (only) token arrived."""
+
+    prefill: int
+    sent: float
+    arrived: float
+
+
 def shape_samples(
     background: Sequence[Timeline],
-    injections: Sequence[tuple[int, float]],
+    injections: Sequence[Injection],
     *,
     context: int,
     warmup_tokens: int = WARMUP_TOKENS,
 ) -> list[StepSample]:
-    """Step samples for a background of `len(background)` decodes at prompt length `context`:
-    one decode-only sample (the median gap away from the injections), one per injected prefill
-    size (the median over its injections of the longest background gap that ended near the
-    injected request's first token). `injections`: (prefill tokens, first token's arrival)."""
+    """Step samples for a background of `len(background)` decodes at prompt length `context`.
+
+    Streams bunch tokens (a chunk is late, the next one early), so a single gap says little and
+    the median of gaps is biased; a stretch of gaps says its steps' mean. Each injection owns the
+    background gaps that ended between its send and shortly after its token: one of them is the
+    step that ran its prefill, the others plain decodes. So the decode-only sample is the mean
+    gap outside every injection's stretch, and an injection's step is its stretch's total minus
+    that many decode steps but one (the median over the injections of a prefill size)."""
     decodes = len(background)
-    lead = background[0]  # every background stream advances in the same steps
-    gaps = [g for g in stream_gaps(lead) if g.token >= warmup_tokens]
+    gaps = [g for g in stream_gaps(background[0]) if g.token >= warmup_tokens]
     if not gaps:
         raise ValueError("the background streams produced no timed steps")
-    median_gap = statistics.median(g.seconds for g in gaps)
-    touched: set[int] = set()
-    by_prefill: dict[int, list[tuple[float, int]]] = {}
-    # Streams jitter by about a fast step: the prefill's step is the longest background gap
-    # that ended near the injected token's arrival.
-    window = 3 * median_gap + JITTER_SECONDS
-    for prefill, arrived in injections:
-        near = [i for i, g in enumerate(gaps) if abs(g.end - arrived) <= window]
-        if not near:
-            continue  # the injected token came in a step the background did not share
-        index = max(near, key=lambda i: gaps[i].seconds)
-        touched.update(near)
-        by_prefill.setdefault(prefill, []).append((gaps[index].seconds, gaps[index].token))
+    slack = 2 * statistics.fmean(g.seconds for g in gaps) + JITTER_SECONDS
+    stretches: list[tuple[Injection, list[int]]] = []
+    for injection in injections:
+        owned = [
+            i for i, g in enumerate(gaps) if injection.sent < g.end <= injection.arrived + slack
+        ]
+        if owned and gaps[owned[-1]].end >= injection.arrived - slack:
+            stretches.append((injection, owned))  # else: the background was not running then
+    touched = {i for _, owned in stretches for i in owned}
     plain = [g for i, g in enumerate(gaps) if i not in touched]
-    samples = [_sample(decodes, context, 0, [(g.seconds, g.token) for g in plain])]
+    if not plain:
+        raise ValueError("no background step ran without an injected prompt")
+    decode = statistics.fmean(g.seconds for g in plain)
+    thirds = [plain[k::3] for k in range(3) if plain[k::3]]
+    samples = [
+        StepSample(
+            decodes=decodes,
+            prefill_tokens=0,
+            context_tokens=decodes * (context + round(statistics.median(g.token for g in plain))),
+            seconds=decode,
+            spread=_spread([statistics.fmean(g.seconds for g in t) for t in thirds]),
+            repeats=len(plain),
+            context=context,
+        )
+    ]
+    by_prefill: dict[int, list[tuple[float, int]]] = {}
+    for injection, owned in stretches:
+        total = sum(gaps[i].seconds for i in owned)
+        step = max(decode, total - (len(owned) - 1) * decode)
+        by_prefill.setdefault(injection.prefill, []).append((step, gaps[owned[-1]].token))
     for prefill, seen in sorted(by_prefill.items()):
-        samples.append(_sample(decodes, context, prefill, seen))
+        seconds = [s for s, _ in seen]
+        token = round(statistics.median(t for _, t in seen))
+        samples.append(
+            StepSample(
+                decodes=decodes,
+                prefill_tokens=prefill,
+                context_tokens=decodes * (context + token) + prefill,
+                seconds=statistics.median(seconds),
+                spread=_spread(seconds),
+                repeats=len(seconds),
+                context=context,
+            )
+        )
     return samples
 
 
-def _sample(decodes: int, context: int, prefill: int, seen: list[tuple[float, int]]) -> StepSample:
-    """The median of `seen` (seconds, background token number) as one step shape. The step that
-    produced token j of a stream read its prompt and j tokens; a prefill chunk reads itself."""
-    seconds = [s for s, _ in seen]
-    median = statistics.median(seconds)
-    token = round(statistics.median(t for _, t in seen))
-    return StepSample(
-        decodes=decodes,
-        prefill_tokens=prefill,
-        context_tokens=decodes * (context + token) + prefill,
-        seconds=median,
-        spread=(max(seconds) - min(seconds)) / median if median > 0 else 0.0,
-        repeats=len(seconds),
-        context=context,
-    )
+def _spread(values: Sequence[float]) -> float:
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else 0.0
 
 
 # --- measurement (HTTP) -------------------------------------------------------------------------
@@ -220,7 +249,7 @@ async def measure_background(
 
     tasks = [asyncio.create_task(one()) for _ in range(decodes)]
     step = await _wait_warmup(client, url, model, rng)
-    injected: list[tuple[int, float]] = []
+    injected: list[Injection] = []
     for prefill in plan:
         if all(t.done() for t in tasks):
             break
@@ -228,7 +257,7 @@ async def measure_background(
         sent = time.perf_counter()
         probe = await send_completion(client, url, model, RequestSpec(0.0, prefill, 1), rng)
         if probe.ok and probe.ttft_s is not None:
-            injected.append((prefill, sent + probe.ttft_s))
+            injected.append(Injection(prefill, sent, sent + probe.ttft_s))
     await asyncio.gather(*tasks)
     failed = [r for r in results if not r.ok]
     if failed:

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from wok_runtime.http_profiler import Timeline, parse_server_facts, shape_samples, stream_gaps
+from wok_runtime.http_profiler import (
+    Injection,
+    Timeline,
+    parse_server_facts,
+    shape_samples,
+    stream_gaps,
+)
 from wok_runtime.profiler import fit_step_costs
 
 # Lines as vLLM 0.32's CPU server and wok's runtime print them (labels abridged to the ones read)
@@ -60,10 +66,11 @@ def synthetic_background(decodes, context, *, a, b, c, d, tokens, inject):
     t, times, injections = 0.0, [], []
     for j in range(tokens):
         prefill = inject.get(j, 0)
+        before = t
         t += a + b * decodes + c * prefill + d * (decodes * (context + j) + prefill)
         times.append(t)
-        if prefill:
-            injections.append((prefill, t + 0.0003))  # its token streams a little later
+        if prefill:  # sent during the step before; its token streams a little after the step's
+            injections.append(Injection(prefill, before - 0.001, t + 0.0003))
     lines = [Timeline(0.0, times, [1] * tokens) for _ in range(decodes)]
     return lines, injections
 
@@ -91,8 +98,15 @@ def test_gaps_of_a_known_server_fit_back_its_costs():
 
 def test_an_injection_the_background_did_not_share_is_dropped():
     lines, _ = synthetic_background(2, 64, a=0.01, b=0, c=0, d=0, tokens=30, inject={})
-    got = shape_samples(lines, [(64, 99.0)], context=64)
+    got = shape_samples(lines, [Injection(64, 98.0, 99.0)], context=64)
     assert [s.prefill_tokens for s in got] == [0]
+
+
+def test_bunched_tokens_keep_the_mean_step():
+    # a late chunk then an early one: the median gap is 4 ms, the steps take 10 ms on average
+    times = [0.01 * j + (0.008 if j % 2 else 0.0) for j in range(40)]
+    got = shape_samples([Timeline(0.0, times, [1] * 40)], [], context=16)
+    assert got[0].seconds == pytest.approx(0.01, rel=0.05)
 
 
 def test_a_background_without_timed_steps_is_an_error():
