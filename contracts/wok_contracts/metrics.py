@@ -246,3 +246,45 @@ METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
 #: name -> kind, the short form.
 METRIC_NAMES: dict[str, Kind] = {spec.name: spec.kind for spec in _SPECS}
+
+
+# --- vLLM's own server (engine: vllm) -------------------------------------------------------------
+
+#: vLLM's count of the requests it refused at admission (`--max-num-queued-reqs`, answered 503),
+#: by `reason`: what a vLLM pod exports in place of `wok_rejected_requests`.
+VLLM_ADMISSION_REJECTIONS = "vllm:admission_rejections"
+
+#: The series of vLLM 0.32's /metrics (vllm/v1/metrics/loggers.py) that wok reads, as Prometheus
+#: stores them: an `engine: vllm` pod exports these and none of the `wok_…` ones (no live batch
+#: cap, no queue length, no batch lane, no KV budget).
+VLLM_SERIES = frozenset(
+    {
+        NUM_REQUESTS_WAITING,
+        NUM_REQUESTS_RUNNING,
+        KV_CACHE_USAGE_PERC,
+        *(
+            f"{histogram}_{suffix}"
+            for histogram in (
+                TIME_TO_FIRST_TOKEN_SECONDS,
+                INTER_TOKEN_LATENCY_SECONDS,
+                REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
+                E2E_REQUEST_LATENCY_SECONDS,
+                REQUEST_QUEUE_TIME_SECONDS,
+                REQUEST_INFERENCE_TIME_SECONDS,
+            )
+            for suffix in ("bucket", "sum", "count")
+        ),
+        *(
+            f"{counter}_total"
+            for counter in (
+                NUM_PREEMPTIONS,
+                PROMPT_TOKENS,
+                GENERATION_TOKENS,
+                REQUEST_SUCCESS,
+                PREFIX_CACHE_QUERIES,
+                PREFIX_CACHE_HITS,
+                VLLM_ADMISSION_REJECTIONS,
+            )
+        ),
+    }
+)

@@ -151,6 +151,13 @@ class RuntimeSpec(ApiModel):
 
 class BatchingSpec(ApiModel):
     mode: Literal["continuous", "static", "serial"] = "continuous"
+    apply_to_engine: Literal["never", "restart"] = Field(
+        default="never",
+        description="engine: vllm only (vLLM cannot change max-num-seqs live): `never` keeps "
+        "the pods' --max-num-seqs at the cap the spec implies and reports the batch the law "
+        "would run in status; `restart` renders the law's batch into the pods' arguments, so "
+        "every change of it rolls the pods.",
+    )
     min_batch_size: int = Field(default=1, ge=1, le=4096)
     max_batch_size: int = Field(
         default=256, ge=1, le=4096, description="B_max; the memory budget (B_mem) caps it too."
@@ -319,6 +326,22 @@ class SLOSpec(ApiModel):
     )
 
 
+Engine = Literal["wok", "vllm"]
+#: vLLM's OpenAI server image: the version whose metrics and flags the operator renders and reads.
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+
+
+class VllmSpec(ApiModel):
+    """engine: vllm only: what vLLM has that wok's runtime spec does not name."""
+
+    image: str = Field(default=VLLM_IMAGE, max_length=1024, description="vLLM's OpenAI server.")
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="Automatic prefix caching (vLLM's default): false renders "
+        "--no-enable-prefix-caching.",
+    )
+
+
 class MetricsSpec(ApiModel):
     prometheus_url: str | None = Field(
         default=None, pattern=r"^https?://", description="Else the operator's default."
@@ -333,6 +356,88 @@ ONE_OWNER = (
 EXTERNAL_COUNT = (
     "scaling.replicas: external needs spec.replicas, the count the external autoscaler starts from"
 )
+VLLM_CONTINUOUS = "engine: vllm batches continuously only: leave batching.mode continuous"
+VLLM_NO_SIM = (
+    "engine: vllm serves a real model: a sim: source runs on wok's runtime only (engine: wok)"
+)
+VLLM_NO_BATCH_LANE = (
+    "engine: vllm has no batch lane: batching.batchLaneMaxBatchSize and "
+    "batchLane.completeWithinSeconds apply to engine: wok only"
+)
+VLLM_STEP_BUDGET = (
+    "engine: vllm refuses a step token budget below its batch: batching.maxNumBatchedTokens "
+    "must be at least batching.maxBatchSize"
+)
+VLLM_ONLY = "spec.vllm and batching.applyToEngine: restart apply to engine: vllm only"
+_QUEUE_DEFAULTS = {
+    "timeout": QueueSpec.model_fields["timeout_seconds"].default,
+    "aging": QueueSpec.model_fields["aging_seconds"].default,
+    "wait": BatchingSpec.model_fields["max_wait_ms"].default,
+}
+_DEFAULT_CLASSES = [f"{c.name}={c.priority}" for c in default_priority_classes()]
+VLLM_WOK_QUEUE = (
+    "engine: vllm has no queue timeout, aging, priority classes or batch wait: leave "
+    "queue.timeoutSeconds, queue.agingSeconds, queue.priorityClasses and batching.maxWaitMs "
+    "unset (queue.maxLength applies: it bounds vLLM's queue)"
+)
+
+
+def vllm_rules() -> list[dict[str, str]]:
+    """What makes no sense for vLLM, refused at apply. A field with a default is always present
+    by the time CEL runs, so a wok-only one is refused when it differs from its default."""
+    classes = ", ".join(f"'{c}'" for c in _DEFAULT_CLASSES)
+    not_vllm = "self.engine != 'vllm'"
+    return [
+        cel(f"{not_vllm} || self.batching.mode == 'continuous'", VLLM_CONTINUOUS),
+        cel(f"{not_vllm} || !self.model.source.startsWith('sim:')", VLLM_NO_SIM),
+        cel(
+            f"{not_vllm} || (!has(self.batching.batchLaneMaxBatchSize) && "
+            "!has(self.batchLane.completeWithinSeconds))",
+            VLLM_NO_BATCH_LANE,
+        ),
+        cel(
+            f"{not_vllm} || self.batching.maxNumBatchedTokens >= self.batching.maxBatchSize",
+            VLLM_STEP_BUDGET,
+        ),
+        cel(
+            f"{not_vllm} || (self.queue.timeoutSeconds == {_QUEUE_DEFAULTS['timeout']!r} && "
+            f"self.queue.agingSeconds == {_QUEUE_DEFAULTS['aging']!r} && "
+            f"self.batching.maxWaitMs == {_QUEUE_DEFAULTS['wait']!r} && "
+            "self.queue.priorityClasses.map(c, c.name + '=' + string(c.priority)) == "
+            f"[{classes}])",
+            VLLM_WOK_QUEUE,
+        ),
+        cel(
+            "self.engine == 'vllm' || (!has(self.vllm) && self.batching.applyToEngine == 'never')",
+            VLLM_ONLY,
+        ),
+    ]
+
+
+def vllm_violation(spec: InferenceServiceSpec) -> str | None:
+    """The first of `vllm_rules` that `spec` breaks, in Python (no apiserver), or None."""
+    b, q = spec.batching, spec.queue
+    if spec.engine != "vllm":
+        wrong = spec.vllm is not None or b.apply_to_engine != "never"
+        return VLLM_ONLY if wrong else None
+    classes = [f"{c.name}={c.priority}" for c in q.priority_classes]
+    checks = [
+        (b.mode == "continuous", VLLM_CONTINUOUS),
+        (not spec.model.source.startswith("sim:"), VLLM_NO_SIM),
+        (
+            b.batch_lane_max_batch_size is None and spec.batch_lane.complete_within_seconds is None,
+            VLLM_NO_BATCH_LANE,
+        ),
+        (b.max_num_batched_tokens >= b.max_batch_size, VLLM_STEP_BUDGET),
+        (
+            q.timeout_seconds == _QUEUE_DEFAULTS["timeout"]
+            and q.aging_seconds == _QUEUE_DEFAULTS["aging"]
+            and b.max_wait_ms == _QUEUE_DEFAULTS["wait"]
+            and classes == _DEFAULT_CLASSES,
+            VLLM_WOK_QUEUE,
+        ),
+    ]
+    return next((message for ok, message in checks if not ok), None)
 
 
 class InferenceServiceSpec(ApiModel):
@@ -370,8 +475,16 @@ class InferenceServiceSpec(ApiModel):
                     "!self.model.source.startsWith('/') || has(self.model.volume)",
                     "model: a path source needs model.volume (the claim that holds it)",
                 ),
+                *vllm_rules(),
             ]
         }
+    )
+
+    engine: Engine = Field(
+        default="wok",
+        description="The engine the pods run: `wok` (the bundled runtime: the law moves its "
+        "batch live) or `vllm` (vLLM's OpenAI server: the law moves the replicas; the batch cap "
+        "is fixed per pod, see batching.applyToEngine).",
     )
 
     replicas: int | None = Field(
@@ -390,6 +503,9 @@ class InferenceServiceSpec(ApiModel):
     slo: SLOSpec = section(SLOSpec)
     metrics: MetricsSpec = section(MetricsSpec)
     batch_lane: BatchLaneSpec = section(BatchLaneSpec)
+    vllm: VllmSpec | None = Field(
+        default=None, description="engine: vllm only: its image and vLLM-only switches."
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceServiceSpec:
@@ -418,6 +534,9 @@ class InferenceServiceSpec(ApiModel):
             raise ValueError(SIM_ONLY)
         if source.startswith("/") and self.model.volume is None:
             raise ValueError("model: a path source needs model.volume (the claim that holds it)")
+        violation = vllm_violation(self)
+        if violation is not None:
+            raise ValueError(violation)
         return self
 
 
@@ -538,6 +657,12 @@ class InferenceServiceStatus(ApiModel):
         default=None, description="The runtime pods' label selector (the scale subresource's)."
     )
     batch_size: int | None = None
+    engine_batch_size: int | None = Field(
+        default=None,
+        description="engine: vllm: the --max-num-seqs its pods were started with (fixed per "
+        "pod); batchSize is the batch the law would run, and the BatchApplied condition says "
+        "whether the two differ.",
+    )
     memory: MemoryStatus | None = None
     last_decision: LastDecision | None = None
     batch_lane: BatchLaneStatus | None = None

@@ -18,6 +18,8 @@ PODS_PENDING = "PodsPending"
 SLO_UNATTAINABLE = "SLOUnattainable"
 KV_BUDGET_MATCHED = "KVBudgetMatched"
 ERROR_BUDGET_SPENT = "ErrorBudgetSpent"
+#: engine: vllm: whether the pods run the law's batch (their --max-num-seqs is fixed per pod).
+BATCH_APPLIED = "BatchApplied"
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -28,6 +28,12 @@ from wok_operator.actuate import Kube, push_batch_size
 from wok_operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec
 from wok_operator.budget import MemoryBudget, plan_for_spec, sequence_length
 from wok_operator.control import Decision, LawParams, LoopState
+from wok_operator.fixed_batch import (
+    EngineBatch,
+    engine_batch_after,
+    law_batch_mem,
+    with_engine_batch,
+)
 from wok_operator.leader import Candidate
 from wok_operator.loop import (
     STATUS_HEARTBEAT_S,
@@ -56,6 +62,7 @@ from wok_operator.resources import (
     selector_text,
 )
 from wok_operator.signals import HeldSignals, SignalsHub, carry_over, recheck_due
+from wok_operator.vllm_pod import engine_batch_size
 from wok_operator.writer import ServiceWriter
 
 T = TypeVar("T")
@@ -200,9 +207,10 @@ def reconcile(
         metrics.RECONCILE_ERRORS.inc()
         return
     plan = budget_in_force(parsed, plan, status)
-    params = LawParams.from_spec(parsed, batch_mem=plan.max_batch_size)
+    params = LawParams.from_spec(parsed, batch_mem=law_batch_mem(parsed, plan))
     state = state_from_status(dict(status), parsed, params)
     batch, replicas = params.clip_batch(state.batch), params.clip_replicas(state.replicas)
+    engine_batch = engine_batch_size(parsed, batch) if parsed.engine == "vllm" else None
 
     secret = admin_secret(name, namespace, secrets.token_urlsafe(32))
     kopf.adopt(secret, owner=body)
@@ -216,6 +224,7 @@ def reconcile(
             budget=plan,
             replicas=replicas,
             extra_pod_labels=wok.config.extra_pod_labels,
+            engine_batch=engine_batch,
         ),
         desired_service(name, namespace),
     ]
@@ -247,6 +256,7 @@ def reconcile(
             "observedGeneration": generation,
             "memory": memory_status(plan),
             "batchSize": batch,
+            "engineBatchSize": engine_batch,
             "replicas": replicas,
             "selector": selector_text(name),
             "conditions": conditions,
@@ -275,6 +285,7 @@ class LoopMemo:
     admin_token: str | None = None  # read once; a pod that refuses it has it read again
     signals: HeldSignals | None = None  # the last signals a round had (`signals.carry_over`)
     sequence_length: int | None = None  # the L of B_mem the last tick used (`budget_in_force`)
+    engine_batch: int | None = None  # engine: vllm: the --max-num-seqs the pods were given
     last_tick: TickResult | None = None  # the last tick that had a round (`loop.held_tick`)
     writer: ServiceWriter = field(default_factory=ServiceWriter)
 
@@ -351,22 +362,52 @@ class ServiceTick:
         signals, metrics_error, late = await self.observe(spec)
         plan = budget_in_force(spec, plan, status, signals, held_length=self.memo.sequence_length)
         self.memo.sequence_length = plan.sequence_length
-        params = LawParams.from_spec(spec, batch_mem=plan.max_batch_size)
+        batch_mem = law_batch_mem(spec, plan)
+        params = LawParams.from_spec(spec, batch_mem=batch_mem)
         state = resume_state(self.memo.state, status, spec, params)
         last, now = self.memo.last_tick, time.time()
         if late and last is not None and metrics_error is not None:
             result = held_tick(last, state, pods, params=params, now=now, why=metrics_error)
         else:
-            result = control_tick(
-                spec, state, signals, pods, batch_mem=plan.max_batch_size, now=now
-            )
+            result = control_tick(spec, state, signals, pods, batch_mem=batch_mem, now=now)
             self.memo.last_tick = result
         export_service_metrics(self.key, spec, result)
         ensure_leading(self.wok)
-        self.record(status, plan, result, metrics_error)
+        engine = None
+        if spec.engine == "vllm":
+            running = self.memo.engine_batch or status.get("engineBatchSize")
+            engine = engine_batch_after(spec, result.decision.batch, running)
+        self.record(status, plan, result, metrics_error, spec=spec, engine=engine)
         external = spec.scaling.replicas == "external"
-        self.act(result.decision, pods, deployed=deployed, external=external)
+        self.act(result.decision, pods, deployed=deployed, external=external, engine=engine)
+        if engine is not None and engine.roll:
+            self.roll(spec, plan, result.decision.replicas, engine.size)
         self.memo.state = result.decision.state  # the tick is done: the next one starts here
+        if engine is not None:
+            self.memo.engine_batch = engine.size
+
+    def roll(
+        self, spec: InferenceServiceSpec, plan: MemoryBudget, replicas: int, batch: int
+    ) -> None:
+        """`applyToEngine: restart`: the Deployment again with the law's batch as the pods'
+        --max-num-seqs; its rolling update (one pod more, none less) restarts them one by one."""
+        deployment = desired_deployment(
+            self.name,
+            self.namespace,
+            spec,
+            budget=plan,
+            replicas=replicas,
+            extra_pod_labels=self.wok.config.extra_pod_labels,
+            engine_batch=batch,
+        )
+        kopf.adopt(deployment, owner=self.body)
+        self.memo.writer.submit("engine-batch", kube_write(self.wok.kube.apply, deployment))
+        kopf.event(
+            self.body,
+            type="Normal",
+            reason="EngineBatchRolled",
+            message=f"the vLLM pods roll to --max-num-seqs={batch}",
+        )
 
     async def observe(self, spec: InferenceServiceSpec) -> tuple[ServiceSignals, str | None, bool]:
         """The service's signals, or why there are none, and whether the round is only late
@@ -397,6 +438,9 @@ class ServiceTick:
         plan: MemoryBudget,
         result: TickResult,
         metrics_error: str | None,
+        *,
+        spec: InferenceServiceSpec | None = None,
+        engine: EngineBatch | None = None,
     ) -> None:
         """The status to the writer first (so a reconcile in between renders the new numbers),
         and an Event per knob that moved (Kopf posts Events from its own queue)."""
@@ -417,6 +461,10 @@ class ServiceTick:
         if result.backlog is not None:
             patch = with_batch_lane(patch, result.backlog, now=now)
         patch["memory"] = memory_status(plan)
+        if spec is not None and engine is not None:
+            patch = with_engine_batch(
+                patch, spec, law_batch=decision.batch, engine=engine, generation=generation, now=now
+            )
         digest = status_digest(patch)
         last = self.memo.last_write_at
         since_write = None if last is None else time.monotonic() - last
@@ -458,6 +506,7 @@ class ServiceTick:
         *,
         deployed: int | None,
         external: bool = False,
+        engine: EngineBatch | None = None,
     ) -> None:
         """The world follows the decision, through the writer: the ConfigMap, the Deployment's
         replicas (when the watch shows them elsewhere: someone may have scaled by hand; the law's
@@ -481,7 +530,8 @@ class ServiceTick:
             )
             memo.writer.submit("replicas", write)
             memo.scaled_to, memo.scaled_from = target, deployed
-        todo = pods_to_push(memo, pods, decision.batch)
+        # vLLM pods have no admin API: their batch is fixed (`fixed_batch`).
+        todo = [] if engine is not None else pods_to_push(memo, pods, decision.batch)
         if todo and self.wok.http is not None:
             # Latest wins: a newer batch replaces one not pushed yet.
             memo.writer.submit("pods", lambda: self.push(todo, decision.batch))

@@ -13,6 +13,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import MemoryBudget, mebibytes, pod_memory_bytes
+from wok_operator.vllm_pod import vllm_pod_parts
 
 RUNTIME_PORT = 8000
 ADMIN_TOKEN_KEY = "token"
@@ -129,11 +130,70 @@ def desired_deployment(
     budget: MemoryBudget,
     replicas: int,
     extra_pod_labels: Mapping[str, str] | None = None,
+    engine_batch: int | None = None,
 ) -> dict[str, Any]:
-    """The runtime Deployment: GPU pods running `wok runtime serve`, probed, locked down."""
+    """The runtime Deployment: GPU pods running `wok runtime serve` (or, with `engine: vllm`,
+    vLLM's server started with `--max-num-seqs=engine_batch`), probed, locked down."""
     labels = common_labels(name)
     gpus = str(spec.runtime.gpus_per_pod)
     memory = mebibytes(pod_memory_bytes(spec, budget))
+    resources = {
+        "requests": {"cpu": spec.runtime.cpu, "memory": memory, "nvidia.com/gpu": gpus},
+        "limits": {"memory": memory, "nvidia.com/gpu": gpus},
+    }
+    if spec.engine == "vllm":
+        if engine_batch is None:
+            raise ValueError("engine: vllm pods need their --max-num-seqs (engine_batch)")
+        pod = vllm_pod_parts(
+            spec,
+            max_num_seqs=engine_batch,
+            served_name=served_model_name(spec),
+            resources=resources,
+        )
+    else:
+        pod = runtime_pod_parts(name, spec, budget, resources)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": runtime_name(name), "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": {**labels, **(extra_pod_labels or {})},
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(RUNTIME_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    **pod,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "fsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                },
+            },
+        },
+    }
+
+
+def runtime_pod_parts(
+    name: str, spec: InferenceServiceSpec, budget: MemoryBudget, resources: dict[str, Any]
+) -> dict[str, Any]:
+    """The pod spec's engine-specific fields for wok's runtime: its container (the batch size
+    from the ConfigMap, the admin token from its Secret), volumes and grace period."""
     volumes: list[dict[str, Any]] = [
         {
             "name": "admin-token",
@@ -188,14 +248,7 @@ def desired_deployment(
             {"name": "HOME", "value": "/tmp"},
         ],
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
-        "resources": {
-            "requests": {
-                "cpu": spec.runtime.cpu,
-                "memory": memory,
-                "nvidia.com/gpu": gpus,
-            },
-            "limits": {"memory": memory, "nvidia.com/gpu": gpus},
-        },
+        "resources": resources,
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **probe_port},
             "periodSeconds": 2,
@@ -222,41 +275,9 @@ def desired_deployment(
         "volumeMounts": mounts,
     }
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": runtime_name(name), "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector_labels(name)},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "template": {
-                "metadata": {
-                    "labels": {**labels, **(extra_pod_labels or {})},
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(RUNTIME_PORT),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {
-                    "containers": [container],
-                    "volumes": volumes,
-                    "terminationGracePeriodSeconds": spec.runtime.drain_seconds + 5,
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {
-                        "fsGroup": 1000,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                },
-            },
-        },
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": spec.runtime.drain_seconds + 5,
     }
 
 

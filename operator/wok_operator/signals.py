@@ -38,6 +38,9 @@ TTFT = "vllm:time_to_first_token_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 INFERENCE_TIME = "vllm:request_inference_time_seconds"
 REJECTED = "wok_rejected_requests_total"
+# vLLM's own count of the requests it refused at admission (`--max-num-queued-reqs`, a 503):
+# what an engine: vllm pod exports in place of wok's rejection counter (it has no queue timeout).
+VLLM_REJECTED = "vllm:admission_rejections_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
@@ -65,6 +68,12 @@ SLO_QUANTILE = 0.99
 HALF_BUDGET_QUANTILE = 0.995
 
 
+def rejected_rates(window: str) -> str:
+    """Each pod's refused requests per second, from its engine's own counter: wok's runtime
+    exports `REJECTED`, vLLM `VLLM_REJECTED`, never both; one round serves both engines."""
+    return f"(rate({REJECTED}[{window}]) or rate({VLLM_REJECTED}[{window}]))"
+
+
 def slo_buckets(histogram: str, window: str, *, misses_count: bool) -> str:
     """The bucket rates of one service's histogram, by (namespace, service, le); with
     `misses_count`, a rejected or timed-out request joins the +Inf bucket: it never gets a first
@@ -75,7 +84,7 @@ def slo_buckets(histogram: str, window: str, *, misses_count: bool) -> str:
         # A union of per-pod series, summed once: the bucket rate() is evaluated once, and a
         # service whose pods export no rejection counter keeps its plain histogram. The `miss`
         # label keeps a rejection series apart from the pod's own +Inf bucket in the union.
-        misses = f'label_replace(rate({REJECTED}[{window}]), "le", "+Inf", "", "")'
+        misses = f'label_replace({rejected_rates(window)}, "le", "+Inf", "", "")'
         rates = f'{rates} or label_replace({misses}, "miss", "rejected", "", "")'
     return f"sum by ({GROUP}, le) ({rates})"
 
@@ -201,7 +210,7 @@ def round_queries(
             f" / sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         )
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
-        queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) (rate({REJECTED}[{w}]))"
+        queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) {rejected_rates(w)}"
     for window in sorted(set(budget_windows)):
         if window not in windows:
             queries |= _slo_p99s(window, recorded=recorded)

@@ -138,3 +138,59 @@ def test_kubectl_scale_is_refused_while_wok_owns_the_replicas(
         _create(api, wok_namespace, _service("two-owners", both))
     assert rejected.value.status == 422
     assert "one owner at a time" in rejected.value.message
+
+
+VLLM_TINY = {
+    "engine": "vllm",
+    "model": {"source": "builtin:tiny", "dtype": "float32"},
+    "runtime": {"gpuMemory": "256Mi"},
+    "memory": {"maxModelLen": 512, "reserve": "16Mi"},
+    "batching": {"maxBatchSize": 32},
+}
+
+
+def test_a_vllm_service_is_accepted_with_its_defaults(crd_installed, wok_apiserver, wok_namespace):
+    """Defaults the apiserver fills in (queue timeout, aging, priority classes, batch wait) are
+    not taken for fields a vLLM spec set."""
+    spec = {**VLLM_TINY, "batching": {"maxBatchSize": 32, "applyToEngine": "restart"}}
+    with wok_apiserver.api() as api:
+        created = _create(api, wok_namespace, _service("on-vllm", {**spec, "vllm": {}}))
+    assert created["spec"]["engine"] == "vllm"
+    assert created["spec"]["vllm"]["image"].startswith("vllm/vllm-openai:")
+    assert created["spec"]["batching"]["applyToEngine"] == "restart"
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "message"),
+    [
+        ("static", {"batching": {"mode": "static", "maxNumBatchedTokens": 4096}}, "continuously"),
+        (
+            "sim",
+            {"model": {"source": "sim:llama-3-8b-80g", "preset": "llama-3-8b"}},
+            "a sim: source runs on wok's runtime only",
+        ),
+        ("lane", {"batchLane": {"completeWithinSeconds": 60}}, "has no batch lane"),
+        ("tokens", {"batching": {"maxBatchSize": 512, "maxNumBatchedTokens": 256}}, "at least"),
+        ("timeout", {"queue": {"timeoutSeconds": 5}}, "has no queue timeout"),
+        ("whole-timeout", {"queue": {"timeoutSeconds": 31}}, "has no queue timeout"),
+        ("classes", {"queue": {"priorityClasses": [{"name": "a", "priority": 0}]}}, "priority"),
+    ],
+)
+def test_cel_refuses_what_vllm_has_not(
+    crd_installed, wok_apiserver, wok_namespace, name, overrides, message
+):
+    with wok_apiserver.api() as api, pytest.raises(KubeError) as rejected:
+        _create(api, wok_namespace, _service(f"vllm-{name}", {**VLLM_TINY, **overrides}))
+    assert rejected.value.status == 422
+    assert message in rejected.value.message, rejected.value.message
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"vllm": {}}, {"batching": {"applyToEngine": "restart"}}], ids=["vllm", "restart"]
+)
+def test_cel_refuses_vllm_fields_on_wok(crd_installed, wok_apiserver, wok_namespace, overrides):
+    spec = {"model": {"source": "builtin:tiny"}, **overrides}
+    with wok_apiserver.api() as api, pytest.raises(KubeError) as rejected:
+        _create(api, wok_namespace, _service("wok-with-vllm", spec))
+    assert rejected.value.status == 422
+    assert "apply to engine: vllm only" in rejected.value.message

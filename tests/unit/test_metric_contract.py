@@ -3,7 +3,7 @@ names it queries and the shapes of the built-in models it sizes."""
 
 import re
 
-from wok_contracts.metrics import METRICS, series_names
+from wok_contracts.metrics import METRICS, VLLM_SERIES, series_names
 from wok_operator import signals
 
 EXPORTED = {name for spec in METRICS.values() for name in series_names(spec)}
@@ -19,7 +19,27 @@ def test_every_promql_query_names_exported_series():
         for name, query in signals.round_queries([window]).items():
             named = named_series(query)
             assert named, name
-            assert named <= EXPORTED, f"{name}: {named - EXPORTED} not exported by the runtime"
+            unknown = named - EXPORTED - VLLM_SERIES
+            assert not unknown, f"{name}: {unknown} exported by neither wok's runtime nor vLLM"
+
+
+#: The signals the law holds without (`control._hold_reason`, `loop.observe`): each must come
+#: from a vLLM pod's own series too.
+LAW_INPUTS = ("waiting", "running", "kv_usage", "reporting", "finished_rate", "rejected_rate")
+
+
+def test_a_vllm_pod_answers_every_query_the_law_cannot_do_without():
+    queries = signals.round_queries([60])
+    for name in (*LAW_INPUTS, "p99:60", "p99_ttft:60", "p99_tpot:60", "p99_service:60"):
+        name = name if ":" in name or name in queries else f"{name}:60"
+        named = named_series(queries[name])
+        assert named & VLLM_SERIES, f"{name} reads nothing a vLLM pod exports: {named}"
+        # Every series of a sum is there: a `+` or `/` of a missing one is empty.
+        wok_only = named - VLLM_SERIES
+        assert wok_only <= {signals.REJECTED}, f"{name} needs {wok_only} from a vLLM pod"
+    assert signals.VLLM_REJECTED in VLLM_SERIES
+    rejected = queries["rejected_rate:60"]
+    assert f"rate({signals.REJECTED}[60s]) or rate({signals.VLLM_REJECTED}[60s])" in rejected
 
 
 def test_the_operator_and_runtime_spell_the_names_alike():
