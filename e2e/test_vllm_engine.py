@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow(minutes=6)]
 
 EXAMPLE = ROOT / "examples" / "vllm-tiny.yaml"
 NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
-VLLM_START_S = 420  # a cold vLLM on a loaded 2-core machine (bench/results/vllm_startup.md)
+VLLM_START_S = 420  # a cold vLLM: 2-3 min on the loaded 2-core machine (http_profile_check.md)
 
 
 @pytest.fixture

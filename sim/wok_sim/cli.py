@@ -157,7 +157,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(vllm_pod.py); the policy still sets the replica count",
     )
     parser.add_argument(
-        "--max-num-seqs", type=int, default=64, help="vllm pods' batch cap (vLLM's flag)"
+        "--max-num-seqs",
+        type=int,
+        default=128,
+        help="vllm pods' batch cap (vLLM's flag; 128 is its CPU server's default)",
     )
     parser.add_argument("--policy", default="all", help="all, or NAME[,NAME…] (below)")
     parser.add_argument("--routing", choices=("random", "least-loaded"), default="random")
