@@ -52,6 +52,8 @@ class PodView:
     ready: bool
     terminating: bool
     created: float | None = None  # metadata.creationTimestamp, Unix seconds
+    # Why a container cannot run ("vllm: CrashLoopBackOff: …"), None while none is stuck.
+    failure: str | None = None
 
     @property
     def pending(self) -> bool:

@@ -50,6 +50,7 @@ from wok_operator.loop import (
     status_write_cause,
     with_batch_lane,
     with_kv_budget,
+    with_pod_failures,
 )
 from wok_operator.resources import (
     MANAGED_BY,
@@ -377,7 +378,7 @@ class ServiceTick:
         if spec.engine == "vllm":
             running = self.memo.engine_batch or status.get("engineBatchSize")
             engine = engine_batch_after(spec, result.decision.batch, running)
-        self.record(status, plan, result, metrics_error, spec=spec, engine=engine)
+        self.record(status, plan, result, metrics_error, spec=spec, engine=engine, pods=pods)
         external = spec.scaling.replicas == "external"
         self.act(result.decision, pods, deployed=deployed, external=external, engine=engine)
         if engine is not None and engine.roll:
@@ -441,6 +442,7 @@ class ServiceTick:
         *,
         spec: InferenceServiceSpec | None = None,
         engine: EngineBatch | None = None,
+        pods: list[PodView] | None = None,
     ) -> None:
         """The status to the writer first (so a reconcile in between renders the new numbers),
         and an Event per knob that moved (Kopf posts Events from its own queue)."""
@@ -461,6 +463,7 @@ class ServiceTick:
         if result.backlog is not None:
             patch = with_batch_lane(patch, result.backlog, now=now)
         patch["memory"] = memory_status(plan)
+        patch = with_pod_failures(patch, pods or [], generation=generation, now=now)
         if spec is not None and engine is not None:
             patch = with_engine_batch(
                 patch, spec, law_batch=decision.batch, engine=engine, generation=generation, now=now

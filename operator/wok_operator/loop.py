@@ -22,6 +22,35 @@ from wok_operator.budget import MemoryBudget, gib
 from wok_operator.control import Decision, LawParams, LoopState, decide
 from wok_operator.signals import KV_BUDGET_TOLERANCE
 
+#: A container waiting for one of these will not run without a change: an image that cannot be
+#: pulled, a process that keeps exiting, a container that cannot be made.
+FAILING_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def container_failure(status: dict[str, Any]) -> str | None:
+    """The first container (init containers first) stuck for a `FAILING_REASONS` reason, as
+    "NAME: REASON: message", or None."""
+    for container in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in FAILING_REASONS:
+            message = waiting.get("message") or ""
+            return f"{container.get('name', '?')}: {reason}" + (f": {message}" if message else "")
+    return None
+
 
 def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView:
     ready = any(
@@ -36,6 +65,7 @@ def pod_view(name: str, meta: dict[str, Any], status: dict[str, Any]) -> PodView
         ready=ready and status.get("phase") == "Running",
         terminating=meta.get("deletionTimestamp") is not None,
         created=None if created is None else unix_seconds(created),
+        failure=container_failure(status),
     )
 
 
@@ -444,6 +474,33 @@ def decision_status(
         ).model_dump(by_alias=True),
         "conditions": conditions,
     }
+
+
+def with_pod_failures(
+    patch: dict[str, Any], pods: list[PodView], *, generation: int | None, now: str
+) -> dict[str, Any]:
+    """The tick's status patch with the `PodsFailing` condition: True, with the first pod's
+    reason, while any pod has a container that cannot run (an image that cannot be pulled, a
+    server that keeps crashing), which pending or unready pods alone do not tell apart from a
+    slow start."""
+    failing = [(pod.name, pod.failure) for pod in pods if pod.failure is not None]
+    if failing:
+        name, failure = failing[0]
+        reason = failure.partition(": ")[2].partition(": ")[0]  # "container: Reason: message"
+        more = f" (and {len(failing) - 1} more pod(s))" if len(failing) > 1 else ""
+        status, message = True, f"pod {name}: {failure}{more}"
+    else:
+        status, reason, message = False, "NoFailingPods", ""
+    patch["conditions"] = cond.set_condition(
+        patch.get("conditions"),
+        cond.PODS_FAILING,
+        status,
+        reason,
+        message,
+        generation=generation,
+        now=now,
+    )
+    return patch
 
 
 def with_kv_budget(

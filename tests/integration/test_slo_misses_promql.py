@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from promql_harness import assert_promql
 
-from wok_operator.signals import E2E_LATENCY, REJECTED, round_queries
+from wok_operator.signals import E2E_LATENCY, REJECTED, VLLM_REJECTED, round_queries
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +56,34 @@ def test_rejections_are_misses_and_a_service_without_the_counter_keeps_its_histo
 def test_each_bucket_rate_is_evaluated_once_per_query() -> None:
     for name, query in round_queries([60], [3600]).items():
         assert query.count("_bucket[") <= 1, (name, query)
+
+
+def test_vllms_admission_rejections_count_as_misses_and_arrivals(tmp_path: Path) -> None:
+    """An engine: vllm pod exports vLLM's own rejection counter, not wok's: the same round
+    reads it, as a miss in the P99 and in the rejection rate the law adds to the arrivals."""
+    labels = 'namespace="ns",service="on-vllm",pod="on-vllm-0",model_name="m"'
+    series = [
+        {"series": f'{E2E_LATENCY}_bucket{{{labels},engine="0",le="{le}"}}', "values": values}
+        for le, values in BUCKETS.items()
+    ]
+    # 6 refused a minute by --max-num-queued-reqs (6 of 106: the P99 lands in +Inf).
+    series.append(
+        {
+            "series": f'{VLLM_REJECTED}{{{labels},reason="max_num_queued_reqs"}}',
+            "values": "0+6x10",
+        }
+    )
+    queries = round_queries([60])
+    tests = [
+        {
+            "expr": f"({queries['p99:60']}) > bool 1",
+            "eval_time": "10m",
+            "exp_samples": [{"labels": '{namespace="ns",service="on-vllm"}', "value": 1}],
+        },
+        {
+            "expr": f"({queries['rejected_rate:60']}) * 60",
+            "eval_time": "10m",
+            "exp_samples": [{"labels": '{namespace="ns",service="on-vllm"}', "value": 6}],
+        },
+    ]
+    assert_promql(tmp_path, series, tests)

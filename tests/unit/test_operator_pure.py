@@ -336,3 +336,48 @@ def test_a_model_the_operator_cannot_size_is_an_invalid_spec_before_any_pod(mode
 
     with pytest.raises(ValueError, match=message):
         validated({"model": model})
+
+
+def test_a_pod_that_cannot_pull_its_image_or_keeps_crashing_shows_in_status():
+    from wok_operator.loop import with_pod_failures
+
+    def pod(name: str, statuses: dict) -> PodView:
+        meta = {"uid": name, "creationTimestamp": "2026-12-07T00:00:00Z"}
+        return pod_view(name, meta, {"phase": "Pending", **statuses})
+
+    pulling = pod(
+        "svc-a",
+        {
+            "containerStatuses": [
+                {
+                    "name": "vllm",
+                    "state": {
+                        "waiting": {"reason": "ImagePullBackOff", "message": "no such image"}
+                    },
+                }
+            ]
+        },
+    )
+    crashing = pod(
+        "svc-b",
+        {"initContainerStatuses": [{"name": "model-export", "state": {"waiting": {
+            "reason": "CrashLoopBackOff"}}}]},
+    )  # fmt: skip
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    starting = pod("svc-c", {"containerStatuses": [{"name": "vllm", "state": creating}]})
+    assert pulling.failure == "vllm: ImagePullBackOff: no such image"
+    assert crashing.failure == "model-export: CrashLoopBackOff"
+    assert starting.failure is None  # a slow start is not a failure
+
+    now = "2026-12-07T00:01:00Z"
+    patch = with_pod_failures({}, [starting, pulling, crashing], generation=2, now=now)
+    (failing,) = patch["conditions"]
+    assert (failing["type"], failing["status"]) == (cond.PODS_FAILING, "True")
+    assert failing["reason"] == "ImagePullBackOff"
+    assert (
+        failing["message"] == "pod svc-a: vllm: ImagePullBackOff: no such image (and 1 more pod(s))"
+    )
+    healed = with_pod_failures(patch, [starting], generation=2, now=now)
+    assert [(c["status"], c["reason"]) for c in healed["conditions"]] == [
+        ("False", "NoFailingPods")
+    ]
