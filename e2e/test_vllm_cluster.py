@@ -90,10 +90,12 @@ def test_the_vllm_example_serves_is_scraped_and_scales_under_load(
     assert SERVER_MODULE in argv and "--max-num-seqs=32" in argv, argv
     ip = pod["status"]["podIP"]
     url = f"http://{ip}:8000"
+    served = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    assert served == "tiny"  # the served model name the operator rendered
     reply = httpx.post(
         f"{url}/v1/completions",
         timeout=60,
-        json={"model": NAME, "prompt": "hello", "max_tokens": 4, "ignore_eos": True},
+        json={"model": served, "prompt": "hello", "max_tokens": 4, "ignore_eos": True},
     )
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 4

@@ -50,6 +50,7 @@ QUICK_HTTP_DECODES, QUICK_HTTP_CONTEXTS, QUICK_HTTP_PREFILLS = (1, 4), (32,), (0
 WARMUP_TOKENS = 6  # background tokens before the timing starts (their prefills, a settled batch)
 JITTER_SECONDS = 0.002  # how late a streamed token may arrive on a loaded loopback
 GAPS_BETWEEN_INJECTIONS = 8  # decode-only steps between two injected prompts
+STEPS_PER_INJECTION = 40  # background tokens an injection takes, its round trip included
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,9 @@ async def measure_background(
     rng = random.Random(seed)
     plan = [p for p in prefills if p > 0 for _ in range(injections_per_prefill)]
     rng.shuffle(plan)
-    output = WARMUP_TOKENS + (len(plan) + 2) * (GAPS_BETWEEN_INJECTIONS + 2)
+    # An injection waits its gaps, then its own round trip, which on a fast model is tens of
+    # steps: the background's length is sized for that, and injecting stops when it ends.
+    output = WARMUP_TOKENS + (len(plan) + 2) * STEPS_PER_INJECTION
     output = max(WARMUP_TOKENS + 4, min(output, max_model_len - context))
     spec = RequestSpec(0.0, context, output)
     starts: list[float] = []
