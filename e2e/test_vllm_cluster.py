@@ -24,7 +24,7 @@ from wok_cluster.vllm_venv import vllm_python
 from wok_cluster.waiting import wait_until
 from wok_runtime.bench_http import RequestSpec, run_bench
 
-pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow(minutes=6)]
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow(minutes=5)]
 
 EXAMPLE = ROOT / "examples" / "vllm-tiny.yaml"
 NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
