@@ -61,6 +61,13 @@ class Load:
 LOADS = (Load(1, 16), Load(4, 48), Load(16, 128))
 
 
+def shown_command(command: list[str]) -> list[str]:
+    """The command as a reader reruns it: the interpreter by its path in the checkout."""
+    python = Path(command[0])
+    shown = str(python.relative_to(ROOT)) if python.is_relative_to(ROOT) else python.name
+    return [shown, *command[1:]]
+
+
 def closed_loop_sim(replica: SimReplica, load: Load) -> dict[str, float]:
     """`load.concurrency` clients, each sending its next request when the last one ends, on a
     simulated replica stepped one step at a time; output tokens per second to the last end."""
@@ -146,7 +153,7 @@ def check_server(server: Server, engine: str, profile_path: Path, extra: list[st
         server.stop()
     return {
         "engine": engine,
-        "command": shlex.join(server.command),
+        "command": shlex.join(shown_command(server.command)),
         "ready_seconds": round(ready_s, 1),
         "profile": json.loads(profile_path.read_text()),
         "profile_file": os.path.relpath(profile_path, ROOT),

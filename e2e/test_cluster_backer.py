@@ -194,9 +194,9 @@ def test_process_exit_fails_the_pod(wok_cluster, wok_namespace):
 def _initialized_pod(name: str, init_exit: int) -> dict:
     """An init container writes a file into an emptyDir; the container exits 0 only if it
     finds it (what the vLLM pods' model export relies on)."""
-    mount = [{"name": "work", "mountPath": "/work"}]
-    write = f"open('/work/model', 'w').write('exported'); raise SystemExit({init_exit})"
-    check = "raise SystemExit(0 if open('/work/model').read() == 'exported' else 4)"
+    mount = [{"name": "work", "mountPath": "/data"}]
+    write = f"open('/data/model', 'w').write('exported'); raise SystemExit({init_exit})"
+    check = "raise SystemExit(0 if open('/data/model').read() == 'exported' else 4)"
     return {
         "metadata": {"name": name, "labels": {"wok.dev/backed": "true"}},
         "spec": {
