@@ -7,7 +7,10 @@ reads `context_tokens` cached tokens (Σ of every scheduled sequence's context) 
 
 `a` is the fixed cost (reading the weights once, launches), `b` the per-sequence cost (sampling,
 bookkeeping), `c` the prompt FLOPs, and `d` the attention's KV reads, which dominate with long
-contexts. Profiles are measured (`wok profile`, a least-squares fit over a grid) or derived from a
+contexts. A server whose HTTP front end is a process of its own (vLLM's API server) also spends
+`request_overhead_s` per request outside the steps (request handling, detokenizing, streaming):
+a serial stage in front of the engine, 0 where it is not measured. Profiles are measured (`wok
+profile`, a least-squares fit over a grid) or derived from a
 device's bandwidth and FLOP figures (labelled `kind: model`). The fleet simulator, `wok plan` and
 the runtime's simulated accelerator all read this one format.
 """
@@ -56,12 +59,13 @@ class StepProfile(StepCosts):
     block_size: int = 16
     max_model_len: int = 8192
     load_seconds: float = 60.0  # time to load the weights before the pod is ready
+    request_overhead_s: float = 0.0  # per request, in the server's front end, outside the steps
     notes: str = ""
     fit: dict[str, Any] = field(default_factory=dict)  # how it was measured (grid, residuals)
 
     def __post_init__(self) -> None:
         costs = (self.a_s, self.b_s_per_seq, self.c_s_per_prefill_token, self.d_s_per_context_token)
-        if min(costs) < 0 or self.a_s <= 0:
+        if min(costs) < 0 or self.a_s <= 0 or self.request_overhead_s < 0:
             raise ValueError(f"profile {self.name}: costs must be >= 0 and a > 0")
         if self.step_token_budget < 1 or self.kv_capacity_tokens < self.block_size:
             raise ValueError(f"profile {self.name}: token budget and KV capacity must be positive")

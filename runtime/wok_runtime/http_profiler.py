@@ -21,6 +21,11 @@ non-negative fit (profiler.py) gives the four costs. What this cannot see: a ste
 alone (its TTFT carries the HTTP round trip). The server's own time around its steps is folded
 into the costs (clients see it too).
 
+A request also costs time outside the steps (the API server's request handling, detokenizing,
+streaming), which no gap shows: lone requests, one after another, measure it as what their
+end-to-end time leaves after their steps (their stream's gaps and the fitted prefill step):
+`request_overhead_s`, the median over `OVERHEAD_PROBES`.
+
 The server's size comes from its own answers where it gives them (`/v1/models`: max_model_len;
 `/metrics`: vLLM's `vllm:cache_config_info`, wok's `wok_kv_cache_blocks` and
 `wok_max_num_batched_tokens`), else from flags.
@@ -51,6 +56,8 @@ WARMUP_TOKENS = 6  # background tokens before the timing starts (their prefills,
 JITTER_SECONDS = 0.002  # how late a streamed token may arrive on a loaded loopback
 GAPS_BETWEEN_INJECTIONS = 8  # decode-only steps between two injected prompts
 STEPS_PER_INJECTION = 40  # background tokens an injection takes, its round trip included
+OVERHEAD_PROBES = 9  # lone requests that measure the per-request cost outside the steps
+OVERHEAD_PROMPT, OVERHEAD_OUTPUT = 64, 16
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,21 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / middle if middle > 0 else 0.0
 
 
+def request_overhead(
+    timelines: Sequence[tuple[float, RequestResult]], prefill_step_s: float
+) -> float:
+    """Median per-request time outside the steps of lone requests: end to end, less the
+    stream's span from its first token to its last (its decode steps) and its prefill step."""
+    left = [
+        result.e2e_s - (result.token_times[-1] - result.token_times[0]) - prefill_step_s
+        for _, result in timelines
+        if result.ok and result.e2e_s is not None and result.token_times
+    ]
+    if not left:
+        raise RuntimeError("no lone request succeeded: cannot measure the per-request cost")
+    return max(0.0, statistics.median(left))
+
+
 # --- measurement (HTTP) -------------------------------------------------------------------------
 
 
@@ -294,12 +316,14 @@ async def measure_server(
     prefills: Sequence[int],
     injections: int,
     seed: int,
-) -> tuple[ServerFacts, list[StepSample]]:
+) -> tuple[ServerFacts, list[StepSample], list[tuple[float, RequestResult]]]:
     timeout = httpx.Timeout(600.0, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=200)) as c:
         facts = await read_server_facts(c, url)
         max_len = facts.max_model_len or 2048
         samples: list[StepSample] = []
+        rng = random.Random(seed)
+        lone_spec = RequestSpec(0.0, min(OVERHEAD_PROMPT, max_len // 2), OVERHEAD_OUTPUT)
         for d in decodes:
             for ctx in contexts:
                 if ctx + WARMUP_TOKENS + 4 > max_len:
@@ -315,7 +339,11 @@ async def measure_server(
                     max_model_len=max_len,
                     seed=seed + d * 7919 + ctx,
                 )
-    return facts, samples
+        lone = [
+            (time.perf_counter(), await send_completion(c, url, facts.model, lone_spec, rng))
+            for _ in range(OVERHEAD_PROBES)
+        ]
+    return facts, samples, lone
 
 
 def profile_over_http(args: argparse.Namespace) -> StepProfile:
@@ -334,7 +362,7 @@ def profile_over_http(args: argparse.Namespace) -> StepProfile:
     injections = 2 if quick else max(1, args.repeats)
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    facts, samples = asyncio.run(
+    facts, samples, lone = asyncio.run(
         measure_server(
             url,
             decodes=decodes,
@@ -345,6 +373,8 @@ def profile_over_http(args: argparse.Namespace) -> StepProfile:
         )
     )
     fit = fit_step_costs(samples)
+    prompt = min(OVERHEAD_PROMPT, (facts.max_model_len or 2048) // 2)
+    overhead = request_overhead(lone, fit.step_seconds(0, prompt, prompt))
     budget = args.max_num_batched_tokens_http or facts.max_num_batched_tokens
     kv_tokens = args.kv_capacity_tokens or facts.kv_capacity_tokens
     max_model_len = args.max_model_len or facts.max_model_len
@@ -392,10 +422,12 @@ def profile_over_http(args: argparse.Namespace) -> StepProfile:
         block_size=facts.block_size or 16,
         max_model_len=max_model_len,
         load_seconds=args.load_seconds,
+        request_overhead_s=overhead,
         notes=(
             f"Measured by `{command}` ({facts.engine} serving {facts.model}): each step's wall "
             "time is a gap between the tokens a decoding stream received, so the server's own "
-            "time around its steps (scheduling, detokenizing, streaming) is in the costs. Fit: "
+            "time between its steps is in the costs; request_overhead_s is a lone request's "
+            f"end-to-end time less its steps ({overhead * 1e3:.1f} ms). Fit: "
             f"R² {fit.r2:.4f}, median |relative error| {fit.median_abs_rel_error:.1%}, max "
             f"{fit.max_abs_rel_error:.1%}. load_seconds is the flag's, not measured."
         ),

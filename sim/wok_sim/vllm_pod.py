@@ -14,13 +14,20 @@ Different, and what this module changes:
     a step-budget change (`--max-num-batched-tokens`);
   - no bounded queue and no queue timeout: vLLM accepts every request into its waiting queue
     (no 429) and a request waits until it is scheduled or its client gives up; the simulated
-    client never gives up, so every request is served, late or not.
+    client never gives up, so every request is served, late or not;
+  - the API server is a process of its own in front of the engine (vLLM's `AsyncLLM` and its
+    `EngineCore` process): each request holds it for the profile's `request_overhead_s` (request
+    handling, detokenizing, streaming; `wok profile --url` measures it), one request at a time,
+    before the engine's scheduler sees it. Records keep the client's arrival, so TTFT and E2E
+    include that wait.
 The step costs are the profile's; measure one for a vLLM server with `wok profile --url`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import deque
 
 from wok_contracts.profile import StepProfile
 from wok_contracts.traces import TraceRequest
@@ -43,6 +50,10 @@ class VllmReplica(SimReplica):
         prefix_caching: bool = True,
     ) -> None:
         self._started = False
+        self._front: deque[tuple[float, int, TraceRequest]] = deque()  # (enters the engine at, …)
+        self._front_free_s = 0.0  # when the API server finishes the requests it holds
+        self._arrivals: dict[int, float] = {}  # the client's arrival of a request in the engine
+        self._patched = 0  # records before this index carry the client's arrival
         super().__init__(
             profile,
             pod=pod,
@@ -63,6 +74,55 @@ class VllmReplica(SimReplica):
     def set_token_budget(self, token_budget: int) -> None:
         if not self._started:
             super().set_token_budget(token_budget)
+
+    # --- the API server in front of the engine ------------------------------------------------
+
+    @property
+    def load(self) -> int:
+        return super().load + len(self._front)
+
+    def has_work(self) -> bool:
+        return bool(self._front) or super().has_work()
+
+    def next_engine_entry_s(self) -> float | None:
+        """When the API server hands its next request to the engine; None: it holds none."""
+        return self._front[0][0] if self._front else None
+
+    def add(self, rid: int, request: TraceRequest) -> bool:
+        overhead = self.profile.request_overhead_s
+        if overhead <= 0:
+            return super().add(rid, request)
+        if request.prompt_tokens + request.output_tokens > self.profile.max_model_len:
+            raise ValueError(f"request {rid} is longer than max_model_len: clip it first")
+        entry = max(request.arrival_s, self._front_free_s) + overhead
+        self._front_free_s = entry
+        self._front.append((entry, rid, request))
+        self._arrivals[rid] = request.arrival_s
+        self.clock = max(self.clock, request.arrival_s)
+        return True
+
+    def advance_to(self, t: float) -> None:
+        while self._front and self._front[0][0] < t:
+            entry, rid, request = self._front.popleft()
+            super().advance_to(entry)
+            super().add(rid, dataclasses.replace(request, arrival_s=entry))
+        super().advance_to(t)
+        self._restore_arrivals()
+
+    def stop(self, now: float) -> None:
+        for _, rid, request in self._front:  # still in the API server: never reached the engine
+            super().add(rid, dataclasses.replace(request, arrival_s=now))
+        self._front.clear()
+        super().stop(now)
+        self._restore_arrivals()
+
+    def _restore_arrivals(self) -> None:
+        for i in range(self._patched, len(self.records)):
+            record = self.records[i]
+            arrival = self._arrivals.pop(record.request_id, record.arrival_s)
+            if arrival != record.arrival_s:
+                self.records[i] = dataclasses.replace(record, arrival_s=arrival)
+        self._patched = len(self.records)
 
 
 def run_single_vllm(

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from wok_runtime.bench_http import RequestResult
 from wok_runtime.http_profiler import (
     Injection,
     Timeline,
     parse_server_facts,
+    request_overhead,
     shape_samples,
     stream_gaps,
 )
@@ -112,3 +114,20 @@ def test_bunched_tokens_keep_the_mean_step():
 def test_a_background_without_timed_steps_is_an_error():
     with pytest.raises(ValueError, match="no timed steps"):
         shape_samples([Timeline(0.0, [0.1, 0.2], [1, 1])], [], context=8)
+
+
+def lone(e2e_s: float, token_times: list[float], status: int = 200) -> tuple[float, RequestResult]:
+    result = RequestResult(status=status, ttft_s=token_times[0], e2e_s=e2e_s)
+    result.token_times = token_times
+    return (0.0, result)
+
+
+def test_a_lone_request_s_time_outside_its_steps_is_the_request_overhead():
+    # a 10 ms prefill step; outside the steps: 8, 10 and 6 ms; the median
+    lones = [lone(0.048, [0.012, 0.022, 0.042]), lone(0.052, [0.020, 0.052]), lone(0.016, [0.012])]
+    assert request_overhead(lones, prefill_step_s=0.010) == pytest.approx(0.008)
+
+
+def test_no_lone_request_answered_is_an_error():
+    with pytest.raises(RuntimeError, match="per-request cost"):
+        request_overhead([lone(0.05, [0.01], status=503)], prefill_step_s=0.01)

@@ -160,6 +160,19 @@ def test_load_profile_refuses_negative_costs(tmp_path: Path) -> None:
         load_profile(path)
 
 
+def test_a_profile_without_a_request_overhead_has_none_and_a_negative_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    data = json.loads(_profile().to_json())
+    del data["request_overhead_s"]  # a profile written before the field
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert load_profile(path).request_overhead_s == 0.0
+    path.write_text(json.dumps(data | {"request_overhead_s": -0.01}))
+    with pytest.raises(ValueError, match="costs must be >= 0"):
+        load_profile(path)
+
+
 def test_wok_profile_quick_writes_a_valid_profile(tmp_path: Path, one_torch_thread: None) -> None:
     out = tmp_path / "tiny.json"
     argv = ["profile", "--model", "builtin:tiny", "--quick", "--no-progress", "--threads", "1"]

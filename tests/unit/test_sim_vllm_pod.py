@@ -3,6 +3,8 @@ the rest is the runtime's scheduler (replica.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wok_contracts.profile import load_profile
@@ -87,3 +89,27 @@ def test_pods_are_vllm_replicas_only_when_asked():
     with pytest.raises(ValueError, match="max-num-seqs"):
         FleetConfig(PROFILE, vllm_max_num_seqs=0)
     assert issubclass(VllmReplica, SimReplica)
+
+
+def test_the_api_server_holds_each_request_for_its_overhead_one_at_a_time():
+    overhead = 0.05
+    profile = dataclasses.replace(PROFILE, request_overhead_s=overhead)
+    burst = [TraceRequest(0.0, 16, 4) for _ in range(4)]
+    plain = run_single_vllm(PROFILE, burst, max_num_seqs=8)
+    fronted = run_single_vllm(profile, burst, max_num_seqs=8)
+    assert {r.outcome for r in fronted} == {"ok"}
+    assert all(r.arrival_s == 0.0 for r in fronted)  # the client's arrival, not the engine's
+    # the k-th request of the burst reaches the engine after k+1 overheads
+    for k, record in enumerate(fronted):
+        assert record.first_scheduled_s == pytest.approx((k + 1) * overhead)
+        assert record.ttft_s > (k + 1) * overhead
+    assert max(r.finish_s for r in fronted) > max(r.finish_s for r in plain) + 3 * overhead
+
+
+def test_a_request_still_in_the_api_server_at_stop_is_dropped():
+    replica = VllmReplica(dataclasses.replace(PROFILE, request_overhead_s=1.0), max_num_seqs=8)
+    replica.add(0, TraceRequest(0.0, 16, 4))
+    assert replica.has_work() and replica.load == 1 and replica.num_waiting == 0
+    replica.advance_to(0.5)
+    replica.stop(0.5)
+    assert [(r.outcome, r.arrival_s) for r in replica.records] == [("dropped", 0.0)]
