@@ -24,6 +24,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,18 @@ def trace_specs(
     return specs
 
 
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """A server-sent event stream's lines. Only CR/LF end a line there: httpx's `aiter_lines`
+    (str.splitlines) also splits at U+2028 and the like, which a detokenized chunk may hold."""
+    buffer = b""
+    async for chunk in chunks:
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode(errors="replace")
+    if buffer:
+        yield buffer.rstrip(b"\r").decode(errors="replace")
+
+
 async def send_completion(
     client: httpx.AsyncClient,
     url: str,
@@ -150,7 +163,7 @@ async def send_completion(
                 result.body = (await response.aread())[:500].decode(errors="replace")
                 return result
             done = False
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response.aiter_bytes()):
                 if not line.startswith("data: "):
                     continue
                 data = line[len("data: ") :]

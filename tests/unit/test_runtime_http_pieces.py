@@ -3,9 +3,11 @@ incremental detokenization, request validation, and the HTTP benchmark's arithme
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +21,7 @@ from wok_runtime.bench_http import (
     RequestResult,
     check_loopback,
     poisson_specs,
+    sse_lines,
     summarize,
     trace_specs,
 )
@@ -677,3 +680,21 @@ def test_the_listening_socket_says_it_is_tcp_so_that_connections_get_nodelay():
             assert accepted.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def test_sse_lines_end_only_at_line_feeds_not_at_unicode_line_separators() -> None:
+    # a detokenized chunk holding U+2028 and U+0085, and a UTF-8 character cut between reads
+    event = 'data: {"text": "a\u2028b\u0085c é"}'.encode()
+    parts = [event[:20], event[20:-2], event[-2:] + b"\r\n\r\ndata: [DONE]\n"]
+
+    async def collect() -> list[str]:
+        return [line async for line in sse_lines(_chunks(parts))]
+
+    lines = asyncio.run(collect())
+    assert lines == [event.decode(), "", "data: [DONE]"]
+    assert json.loads(lines[0].removeprefix("data: "))["text"] == "a\u2028b\u0085c é"
