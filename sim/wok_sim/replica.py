@@ -283,7 +283,7 @@ class SimReplica:
                     deadline = self._next_deadline()
                     self.clock = min(due, deadline if deadline is not None else math.inf, t)
                     continue
-            if self.fast and self._jump(t):
+            if self.fast and (self._jump(t) or self._lazy_step()):
                 continue
             if not self._step():
                 self.clock = t  # nothing could run (cannot happen with a valid profile)
@@ -423,6 +423,92 @@ class SimReplica:
         self.clock += k * alpha + beta * k * (k - 1) / 2
         self.steps += k
         self.num_jumps += 1
+        self._finish_decodes()
+        return True
+
+    def _lazy_step(self) -> bool:
+        """One step with prefill chunks or admissions in which the decoding sequences stay lazy:
+        each takes one token of the budget and grows by the step counter, so the step costs
+        O(prefilling + admitted), not O(running). It is `_step` to the last bit (the same
+        integers reach the profile) whenever no sequence is preempted; False, with nothing
+        changed, when one might be or the budget cannot give every decode its token: then the
+        exact path runs the step."""
+        n = len(self.decoding)
+        budget = self.token_budget - n
+        if not n or budget < 0:
+            return False
+        free = self.num_blocks - self.used - self._new_blocks(1)
+        if free < 0:
+            return False  # a decode cannot grow: the exact path preempts
+        bs = self.bs
+        # The scheduler's order: the decode group (uncomputed == 1, here the lazy set and any
+        # prefill with one token left), then prefill chunks, each by rank. Every decode gets its
+        # token before any chunk, so only the chunks' order and sizes need working out.
+        ranked = sorted(self.prefilling, key=_RANK)
+        ones = [s for s in ranked if s.prompt + s.generated - s.computed == 1]
+        if len(ones) > budget:
+            return False  # the budget runs out inside the decode group: rank order decides
+        chunks: list[tuple[_Seq, int]] = [(s, 1) for s in ones]
+        budget -= len(ones)
+        for seq in ranked:
+            left = seq.prompt + seq.generated - seq.computed
+            if left == 1:
+                continue
+            take = min(left, budget)
+            if take == 0:
+                continue
+            chunks.append((seq, take))
+            budget -= take
+        for seq, take in chunks:
+            need = max(0, -(-(seq.computed + take) // bs) - seq.blocks)
+            if need > free:
+                return False  # a chunk would preempt
+            free -= need
+        now = self.clock
+        self.used += self._new_blocks(1)
+        chosen: dict[int, tuple[_Seq, int]] = {}
+        for seq, take in chunks:
+            self._allocate(seq, seq.computed + take)
+            chosen[id(seq)] = (seq, take)
+        admitted, budget = self._admit(now, budget, n + len(ranked), chosen)
+        decodes = n
+        prefill = 0
+        context = self._base_sum + n * (self.steps + 1)
+        for seq, take in chosen.values():
+            if seq.prompt + seq.generated - seq.computed == 1 and seq.generated > 0:
+                decodes += 1
+            else:
+                prefill += take
+            context += seq.computed + take
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+        self.clock = now + self.profile.step_seconds(decodes, prefill, context)
+        self.steps += 1
+        explicit = [*ranked, *admitted]
+        for seq, take in chosen.values():
+            seq.computed += take
+            if seq.computed < seq.tokens:
+                continue
+            seq.generated += 1
+            if seq.first_token is None:
+                seq.first_token = self.clock
+                self._publish_prompt(seq)
+            if seq.generated >= seq.target:
+                self.used -= seq.blocks
+                seq.blocks = 0
+                explicit.remove(seq)
+                self._record_end(seq, self.clock, "ok")
+        self._finish_decodes()
+        self.prefilling = []
+        for seq in explicit:
+            if seq.generated > 0 and seq.prompt + seq.generated - seq.computed == 1:
+                self._register_decoding(seq)
+            else:
+                self.prefilling.append(seq)
+        return True
+
+    def _finish_decodes(self) -> None:
+        """Ends the lazy sequences whose last token came at the current step."""
         while self._finishes and self._finishes[0][0] == self.steps:
             _, _, seq = heapq.heappop(self._finishes)
             del self.decoding[seq.rid]
@@ -432,7 +518,6 @@ class SimReplica:
             seq.generated = seq.gbase + self.steps
             self.used -= -(-seq.computed // self.bs)
             self._record_end(seq, self.clock, "ok")
-        return True
 
     # --- the prefix cache -------------------------------------------------------------------
 
@@ -520,7 +605,8 @@ class SimReplica:
                 budget -= n
         running = [s for s in running if id(s) in alive]
         if not preempted:
-            budget = self._admit(now, budget, running, chosen)
+            admitted, budget = self._admit(now, budget, len(running), chosen)
+            running += admitted
         if not chosen:
             self._regroup(running)
             return preempted
@@ -552,12 +638,14 @@ class SimReplica:
         return True
 
     def _admit(
-        self, now: float, budget: int, running: list[_Seq], chosen: dict[int, tuple[_Seq, int]]
-    ) -> int:
-        cap = self._admission_cap(len(running), now)
-        admitted = 0
+        self, now: float, budget: int, running: int, chosen: dict[int, tuple[_Seq, int]]
+    ) -> tuple[list[_Seq], int]:
+        """Admits waiting requests in arrival order while `running` (the count before) plus the
+        admitted stays under the cap; returns them and the budget left."""
+        cap = self._admission_cap(running, now)
+        admitted: list[_Seq] = []
         for seq in self.waiting:
-            if len(running) >= cap or budget == 0:
+            if running + len(admitted) >= cap or budget == 0:
                 break
             cached = self._cached_tokens(seq)
             n = min(seq.uncomputed - cached, budget)
@@ -566,12 +654,11 @@ class SimReplica:
             self._use_prefix(seq, cached)
             self._allocate(seq, cached + n)
             seq.deadline = None  # admitted once: a later preemption never times it out
-            running.append(seq)
+            admitted.append(seq)
             chosen[id(seq)] = (seq, n)
             budget -= n
-            admitted += 1
-        del self.waiting[:admitted]
-        return budget
+        del self.waiting[: len(admitted)]
+        return admitted, budget
 
     def _preempt(self, seq: _Seq, alive: set[int]) -> None:
         alive.discard(id(seq))
