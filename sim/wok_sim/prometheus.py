@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -235,7 +234,8 @@ class EmulatedPrometheus:
         self.failure_prob = scrape_failure_prob
         self._rng = random.Random(seed)
         self._pods: dict[int, _PodCounters] = {}
-        self._history: dict[int, deque[tuple[float, np.ndarray]]] = {}
+        # Per pod, its sample times and the series at each (parallel lists, in time order).
+        self._history: dict[int, tuple[list[float], list[np.ndarray]]] = {}
         self.latest: dict[int, Gauges] = {}  # pods whose last scrape succeeded
 
     def scrape(
@@ -256,13 +256,16 @@ class EmulatedPrometheus:
                 waiting=replica.num_waiting, running=replica.num_running, kv_usage=replica.kv_usage
             )
             snapshot = np.array(pod.snapshot())
-            self._history.setdefault(replica.pod, deque()).append((now, snapshot))
+            times, values = self._history.setdefault(replica.pod, ([], []))
+            times.append(now)
+            values.append(snapshot)
         self.latest = seen
         horizon = now - max(self.windows + self.budget_windows) - 1.0
-        for pod_id in list(self._history):
-            samples = self._history[pod_id]
-            while len(samples) > 1 and samples[1][0] <= horizon:
-                samples.popleft()
+        for times, values in self._history.values():
+            # Every sample at or before the horizon goes but the last of them.
+            old = bisect.bisect_right(times, horizon) - 1
+            if old > 0:
+                del times[:old], values[:old]
 
     def _rates(self, now: float, window: float) -> list[float] | None:
         """Σ over pods of rate(series[window]) for every series; None when no pod has two
@@ -270,19 +273,20 @@ class EmulatedPrometheus:
         total = np.zeros(WIDTH)
         any_pod = False
         start = now - window
-        for samples in self._history.values():
-            # The samples are in time order: the window's are the last ones, at most `now`.
-            last = len(samples)
-            while last and samples[last - 1][0] > now:
-                last -= 1
-            first = last
-            while first and samples[first - 1][0] > start:
-                first -= 1
+        for times, values in self._history.values():
+            # The window's samples: after `start`, at most `now`.
+            last = bisect.bisect_right(times, now)
+            first = bisect.bisect_right(times, start, 0, last)
             if last - first < 2:
                 continue
-            (t0, values0), (t1, values1) = samples[first], samples[last - 1]
             total = total + _extrapolated_rates(
-                values0, values1, t0, t1, last - first, start=start, end=now
+                values[first],
+                values[last - 1],
+                times[first],
+                times[last - 1],
+                last - first,
+                start=start,
+                end=now,
             )
             any_pod = True
         return total.tolist() if any_pod else None

@@ -336,6 +336,8 @@ class SimReplica:
     def _new_blocks(self, k: int) -> int:
         """KV blocks the decoding sequences add over the next k steps: step j takes a sequence
         from context c to c + 1, which needs a new block when c is a multiple of the block size."""
+        if k == 1:  # the next step alone (every admission check asks)
+            return self._residues[-self.steps % self.bs]
         n, bs, res = len(self.decoding), self.bs, self._residues
         cycles, rest = divmod(k, bs)
         return cycles * n + sum(res[-(self.steps + j) % bs] for j in range(rest))
@@ -437,7 +439,8 @@ class SimReplica:
         budget = self.token_budget - n
         if not n or budget < 0:
             return False
-        free = self.num_blocks - self.used - self._new_blocks(1)
+        grown = self._new_blocks(1)
+        free = self.num_blocks - self.used - grown
         if free < 0:
             return False  # a decode cannot grow: the exact path preempts
         bs = self.bs
@@ -465,7 +468,7 @@ class SimReplica:
                 return False  # a chunk would preempt
             free -= need
         now = self.clock
-        self.used += self._new_blocks(1)
+        self.used += grown
         chosen: dict[int, tuple[_Seq, int]] = {}
         for seq, take in chunks:
             self._allocate(seq, seq.computed + take)
