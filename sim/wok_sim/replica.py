@@ -28,8 +28,11 @@ next event: the next finish (a heap of finish step numbers against a per-replica
 the caller's next time (an arrival, a scrape, a control tick), a queue deadline, or the step where
 the KV pool would overflow (from the counts of sequences per block-boundary residue). Decoding
 sequences are kept lazily (their context is `base + step counter`), so a jump is O(block size +
-log n). Steps with prefill or admissions run one at a time (`fast=False` runs every step so, for
-tests).
+log n). Steps with prefill or admissions run one at a time, the decoding sequences still lazy (each
+takes one token of the budget and its new blocks come from the residue counts), so such a step
+costs O(prefilling + admitted); a step that may preempt runs the exact path. `fast=False` (the
+`step` engine) runs every step exactly, the reference that tests/unit/test_sim_engines.py holds
+the fast path to.
 """
 
 from __future__ import annotations
