@@ -269,7 +269,7 @@ def clip_to_model(
     out: list[TraceRequest] = []
     clipped = 0
     for r in requests:
-        if 1 <= r.prompt_tokens and 1 <= r.output_tokens <= max_model_len - r.prompt_tokens:
+        if r.prompt_tokens >= 1 and 1 <= r.output_tokens <= max_model_len - r.prompt_tokens:
             out.append(r)  # fits as it is (the common case, checked first: a day is millions)
             continue
         prompt = min(max(1, r.prompt_tokens), max_model_len - 1)
