@@ -50,7 +50,8 @@ def policy_for(name: str, profile: StepProfile, requests: list[TraceRequest]) ->
 def both(
     requests: list[TraceRequest], policy: str | Policy, profile: StepProfile, **config: object
 ) -> tuple[FleetRun, FleetRun]:
-    """The same run on the step engine, then on the event engine (a fresh policy each)."""
+    """The same run on the step engine, then on the event engine (a registered policy is built
+    afresh for each; a policy given as an object must keep no state)."""
     runs = []
     for fast in (False, True):
         settings = FleetConfig(profile=profile, cold_start_s=30.0, fast=fast, **config)  # type: ignore[arg-type]
