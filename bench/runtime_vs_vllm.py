@@ -44,8 +44,8 @@ from typing import Any
 
 import httpx
 
-from wok_runtime.bench_http import RequestSpec, run_bench, summarize, trace_specs
-from wok_runtime.builtin import cache_root, ensure_builtin
+from wok_runtime.core.builtin import cache_root, ensure_builtin
+from wok_runtime.tools.bench_http import RequestSpec, run_bench, summarize, trace_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "bench" / "traces" / "azure_llm_2023_code.csv"

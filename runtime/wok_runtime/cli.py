@@ -187,7 +187,7 @@ def _device(text: str) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from wok_runtime.serve import serve_from_args
+    from wok_runtime.http.serve import serve_from_args
 
     return serve_from_args(args)
 
@@ -234,7 +234,7 @@ def _register_bench_http(bench: Any) -> None:
 
 
 def _bench_http(args: argparse.Namespace) -> int:
-    from wok_runtime.bench_http import run_from_args
+    from wok_runtime.tools.bench_http import run_from_args
 
     return run_from_args(args)
 
@@ -258,7 +258,7 @@ def _register_model(model: Any) -> None:
 
 
 def _model_export(args: argparse.Namespace) -> int:
-    from wok_runtime.loader import export_model
+    from wok_runtime.core.loader import export_model
 
     if args.max_shard_mb is not None and args.max_shard_mb <= 0:
         raise ValueError("--max-shard-mb must be positive")
@@ -272,7 +272,7 @@ def _model_export(args: argparse.Namespace) -> int:
 
 
 def _register_bench_engine(bench: Any) -> None:
-    from wok_runtime.bench_engine import register_arguments  # argparse only, no torch
+    from wok_runtime.tools.bench_engine import register_arguments  # argparse only, no torch
 
     p = bench.add_parser("engine", help="offline engine benchmark by batching mode (no HTTP)")
     register_arguments(p)
@@ -280,7 +280,7 @@ def _register_bench_engine(bench: Any) -> None:
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
-    from wok_runtime.bench_engine import run_from_args
+    from wok_runtime.tools.bench_engine import run_from_args
 
     return run_from_args(args)
 
@@ -289,7 +289,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 
 def _register_profile(commands: Any) -> None:
-    from wok_runtime.profiler import register_arguments  # argparse only, no torch
+    from wok_runtime.tools.profiler import register_arguments  # argparse only, no torch
 
     p = commands.add_parser(
         "profile", help="measure the engine's step time and fit a wok_sim step-time profile"
@@ -299,6 +299,6 @@ def _register_profile(commands: Any) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from wok_runtime.profiler import run_from_args
+    from wok_runtime.tools.profiler import run_from_args
 
     return run_from_args(args)

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wok_runtime.block_manager import BlockManager
-from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.sequence import Sequence
+from wok_runtime.core.block_manager import BlockManager
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.core.sequence import Sequence
 
 
 def make_seq(request_id: str, tenant: str | None = None, num_tokens: int = 1) -> Sequence:
