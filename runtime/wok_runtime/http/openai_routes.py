@@ -93,7 +93,102 @@ class _ChunkRenderer:
         return f"data: {head}{text}{middle}[{','.join(map(str, new_ids))}]{tail}\n\n"
 
 
+class _Answer:
+    """The OpenAI shapes of one request's answer, a completion or a chat completion: its stream
+    chunks and its whole response, which share the id, the creation time and the model name."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self._head = {
+            "id": p.new_id("chatcmpl" if chat else "cmpl"),
+            "created": p.now(),
+            "model": model,
+        }
+
+    def chunk(
+        self, new: str, new_ids: list[int] | None, reason: str | None, first: bool
+    ) -> p.BaseModel | None:
+        """A stream's chunk; `first`: the chat's role chunk (a completion has none)."""
+        if not self.chat:
+            if first:
+                return None
+            choice = p.CompletionChoice(text=new, finish_reason=reason, token_ids=new_ids)
+            return p.CompletionResponse(**self._head, choices=[choice])
+        delta = p.ChatDelta(role="assistant", content="") if first else p.ChatDelta(content=new)
+        chunk = p.ChatChunkChoice(delta=delta, finish_reason=reason, token_ids=new_ids)
+        return p.ChatCompletionChunk(**self._head, choices=[chunk])
+
+    def response(
+        self, text: str, out: list[int] | None, reason: str | None, usage: p.Usage
+    ) -> p.BaseModel:
+        if not self.chat:
+            choice = p.CompletionChoice(text=text, finish_reason=reason, token_ids=out)
+            return p.CompletionResponse(**self._head, choices=[choice], usage=usage)
+        message = p.ChatChoice(
+            message=p.ChatMessageOut(content=text), finish_reason=reason, token_ids=out
+        )
+        return p.ChatCompletionResponse(**self._head, choices=[message], usage=usage)
+
+    def usage_chunk(self, usage: p.Usage) -> p.BaseModel:
+        """The stream's last chunk when the client asked for usage: no choices, only usage."""
+        chunk = self.chunk("", None, None, False)
+        assert chunk is not None
+        return chunk.model_copy(update={"choices": [], "usage": usage})
+
+
 def add_routes(app: FastAPI, server: Server) -> None:
+    _add_probes(app, server)
+
+    # The bodies are read by the handlers, not declared, so that FastAPI does not parse them on
+    # the event loop (request_body.py); the schema still shows them.
+    @app.post(
+        "/v1/completions",
+        response_model=p.CompletionResponse,
+        tags=["openai"],
+        responses=_COMPLETION_RESPONSES,
+        openapi_extra={"requestBody": request_body_schema(p.CompletionRequest)},
+    )
+    async def completions(request: Request) -> Any:
+        body: p.CompletionRequest = await server.read_request(request, "completion")
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+        if isinstance(prompt, str):
+            ids = await server.tokenize(prompt, max_tokens=max_tokens, param="prompt")
+        else:
+            ids = list(prompt)
+        answer = _Answer(chat=False, model=server.config.served_model_name)
+        return await _run(server, request, body, ids, max_tokens, answer, prompt_param="prompt")
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=p.ChatCompletionResponse,
+        tags=["openai"],
+        responses=_COMPLETION_RESPONSES,
+        openapi_extra={"requestBody": request_body_schema(p.ChatCompletionRequest)},
+    )
+    async def chat(request: Request) -> Any:
+        body: p.ChatCompletionRequest = await server.read_request(request, "chat")
+        engine = server.engine
+        # Python, on a thread: the GIL passes to the event loop every few milliseconds.
+        prompt = await asyncio.to_thread(
+            _format_chat_prompt, engine.tokenizer, body.messages, body.add_generation_prompt
+        )
+        requested = body.max_completion_tokens or body.max_tokens
+        ids = await server.tokenize(prompt, max_tokens=requested or 1, param="messages")
+        # OpenAI's default for chat: as many tokens as the context has room for.
+        max_tokens = requested or max(1, engine.max_model_len - len(ids))
+        answer = _Answer(chat=True, model=server.config.served_model_name)
+        return await _run(server, request, body, ids, max_tokens, answer, prompt_param="messages")
+
+    _publish_schemas(app, [p.CompletionRequest, p.ChatCompletionRequest])
+
+
+def _add_probes(app: FastAPI, server: Server) -> None:
+    """The probes, /metrics and /v1/models."""
     config = server.config
     engine = server.engine
 
@@ -149,172 +244,98 @@ def add_routes(app: FastAPI, server: Server) -> None:
         server.check_model(model)
         return card()
 
-    async def run(
-        request: Request,
-        body: p._Request,
-        ids: list[int],
-        max_tokens: int,
-        make_chunk: MakeChunk,
-        make_response: Callable[[str, list[int] | None, str | None, p.Usage], p.BaseModel],
-        *,
-        prompt_param: str,
-    ) -> Any:
-        server.check_prompt(ids, max_tokens, param=prompt_param)
-        params = server.sampling_params(body, max_tokens)
-        lane, priority = server.route(request, body.priority)
-        tenant = server.tenant(request)
-        server.state.in_flight += 1
-        release = True
-        try:
-            stops = body.stop_strings()
-            # A non-streamed answer without stop strings needs no token before the last.
-            incremental = body.stream or bool(stops)
-            tracked = server.submit(
-                ids, params, priority=priority, tenant=tenant, incremental=incremental, lane=lane
-            )
-            server.watch_disconnect(tracked, request)
-            text = IncrementalText(engine.tokenizer.decode, stops)
-            pieces = server.generate(tracked, text)
-            want_ids = body.return_token_ids
-            if not body.stream:
-                out_ids: list[int] = []
-                reason = None
-                async for _new, new_ids, reason in pieces:  # noqa: B007
-                    out_ids.extend(new_ids)
-                if reason == "abort":
-                    raise APIError(
-                        503,
-                        "the engine stopped this request before it finished (shutting down)",
-                        type="service_unavailable",
-                        code="aborted",
-                    )
-                usage = _usage(len(ids), len(out_ids))
-                answer = make_response(text.text, out_ids if want_ids else None, reason, usage)
-                return JSONResponse(answer.model_dump(), headers=_timing_headers(tracked))
-            # Waits for the first piece before the 200 goes out (a timeout is still a 503).
-            first = await anext(pieces)
-            tracked.stop_watching()
 
-            async def events() -> AsyncIterator[str]:
-                renderer = _ChunkRenderer(make_chunk)
-                count = 0
-                role = make_chunk("", None, None, True)
-                if role is not None:
-                    yield _sse(role)
-                piece: tuple[str, list[int], str | None] | None = first
-                while piece is not None:
-                    new, new_ids, reason = piece
-                    count += len(new_ids)
-                    if new or reason or (want_ids and new_ids):
-                        yield renderer.event(new, new_ids if want_ids else None, reason)
-                    try:
-                        piece = await anext(pieces, None)
-                    except APIError as error:
-                        # The 200 is already out: the failure travels as an error event.
-                        yield _sse(
-                            json.dumps(
-                                p.error_body(error.message, type=error.type, code=error.code)
-                            )
-                        )
-                        break
-                if body.stream_options is not None and body.stream_options.include_usage:
-                    yield _sse(_usage_chunk(make_chunk, _usage(len(ids), count)))
-                yield _sse("[DONE]")
-
-            async def on_close() -> None:
-                await pieces.aclose()  # aborts the sequence if it has not finished
-                server.state.in_flight -= 1
-
-            release = False
-            return _SSEResponse(events(), on_close)
-        finally:
-            if release:
-                server.state.in_flight -= 1
-
-    # The bodies are read by the handlers, not declared, so that FastAPI does not parse them on
-    # the event loop (request_body.py); the schema still shows them.
-    @app.post(
-        "/v1/completions",
-        response_model=p.CompletionResponse,
-        tags=["openai"],
-        responses=_COMPLETION_RESPONSES,
-        openapi_extra={"requestBody": request_body_schema(p.CompletionRequest)},
-    )
-    async def completions(request: Request) -> Any:
-        body: p.CompletionRequest = await server.read_request(request, "completion")
-        if body.echo:
-            raise APIError(400, "echo is not supported", param="echo")
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
-        if isinstance(prompt, str):
-            ids = await server.tokenize(prompt, max_tokens=max_tokens, param="prompt")
-        else:
-            ids = list(prompt)
-        rid, created = p.new_id("cmpl"), p.now()
-
-        def chunk(new: str, new_ids: list[int] | None, reason: str | None, first: bool) -> Any:
-            if first:
-                return None
-            choice = p.CompletionChoice(text=new, finish_reason=reason, token_ids=new_ids)
-            return p.CompletionResponse(
-                id=rid, created=created, model=config.served_model_name, choices=[choice]
-            )
-
-        def response(text: str, out: list[int] | None, reason: str | None, usage: p.Usage) -> Any:
-            choice = p.CompletionChoice(text=text, finish_reason=reason, token_ids=out)
-            return p.CompletionResponse(
-                id=rid,
-                created=created,
-                model=config.served_model_name,
-                choices=[choice],
-                usage=usage,
-            )
-
-        return await run(request, body, ids, max_tokens, chunk, response, prompt_param="prompt")
-
-    @app.post(
-        "/v1/chat/completions",
-        response_model=p.ChatCompletionResponse,
-        tags=["openai"],
-        responses=_COMPLETION_RESPONSES,
-        openapi_extra={"requestBody": request_body_schema(p.ChatCompletionRequest)},
-    )
-    async def chat(request: Request) -> Any:
-        body: p.ChatCompletionRequest = await server.read_request(request, "chat")
-        # Python, on a thread: the GIL passes to the event loop every few milliseconds.
-        prompt = await asyncio.to_thread(
-            _format_chat_prompt, engine.tokenizer, body.messages, body.add_generation_prompt
+async def _run(
+    server: Server,
+    request: Request,
+    body: p._Request,
+    ids: list[int],
+    max_tokens: int,
+    answer: _Answer,
+    *,
+    prompt_param: str,
+) -> Any:
+    """Submits one request and answers it: JSON once it is done, or a stream of SSE events."""
+    server.check_prompt(ids, max_tokens, param=prompt_param)
+    params = server.sampling_params(body, max_tokens)
+    lane, priority = server.route(request, body.priority)
+    tenant = server.tenant(request)
+    server.state.in_flight += 1
+    release = True
+    try:
+        stops = body.stop_strings()
+        # A non-streamed answer without stop strings needs no token before the last.
+        incremental = body.stream or bool(stops)
+        tracked = server.submit(
+            ids, params, priority=priority, tenant=tenant, incremental=incremental, lane=lane
         )
-        requested = body.max_completion_tokens or body.max_tokens
-        ids = await server.tokenize(prompt, max_tokens=requested or 1, param="messages")
-        # OpenAI's default for chat: as many tokens as the context has room for.
-        max_tokens = requested or max(1, engine.max_model_len - len(ids))
-        rid, created = p.new_id("chatcmpl"), p.now()
+        server.watch_disconnect(tracked, request)
+        text = IncrementalText(server.engine.tokenizer.decode, stops)
+        pieces = server.generate(tracked, text)
+        want_ids = body.return_token_ids
+        if not body.stream:
+            out_ids: list[int] = []
+            reason = None
+            async for _new, new_ids, reason in pieces:  # noqa: B007
+                out_ids.extend(new_ids)
+            if reason == "abort":
+                raise APIError(
+                    503,
+                    "the engine stopped this request before it finished (shutting down)",
+                    type="service_unavailable",
+                    code="aborted",
+                )
+            usage = _usage(len(ids), len(out_ids))
+            whole = answer.response(text.text, out_ids if want_ids else None, reason, usage)
+            return JSONResponse(whole.model_dump(), headers=_timing_headers(tracked))
+        # Waits for the first piece before the 200 goes out (a timeout is still a 503).
+        first = await anext(pieces)
+        tracked.stop_watching()
 
-        def chunk(new: str, new_ids: list[int] | None, reason: str | None, first: bool) -> Any:
-            delta = p.ChatDelta(role="assistant", content="") if first else p.ChatDelta(content=new)
-            choice = p.ChatChunkChoice(delta=delta, finish_reason=reason, token_ids=new_ids)
-            return p.ChatCompletionChunk(
-                id=rid, created=created, model=config.served_model_name, choices=[choice]
-            )
+        async def on_close() -> None:
+            await pieces.aclose()  # aborts the sequence if it has not finished
+            server.state.in_flight -= 1
 
-        def response(text: str, out: list[int] | None, reason: str | None, usage: p.Usage) -> Any:
-            choice = p.ChatChoice(
-                message=p.ChatMessageOut(content=text), finish_reason=reason, token_ids=out
-            )
-            return p.ChatCompletionResponse(
-                id=rid,
-                created=created,
-                model=config.served_model_name,
-                choices=[choice],
-                usage=usage,
-            )
+        release = False
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        events = _events(answer, first, pieces, len(ids), want_ids=want_ids, usage=usage)
+        return _SSEResponse(events, on_close)
+    finally:
+        if release:
+            server.state.in_flight -= 1
 
-        return await run(request, body, ids, max_tokens, chunk, response, prompt_param="messages")
 
-    _publish_schemas(app, [p.CompletionRequest, p.ChatCompletionRequest])
+async def _events(
+    answer: _Answer,
+    first: tuple[str, list[int], str | None],
+    pieces: AsyncIterator[tuple[str, list[int], str | None]],
+    prompt_tokens: int,
+    *,
+    want_ids: bool,
+    usage: bool,
+) -> AsyncIterator[str]:
+    """A stream's SSE events: the role chunk (chat), a chunk per piece of text, an error event if
+    the request fails once the 200 is out, the usage chunk if asked for, then [DONE]."""
+    renderer = _ChunkRenderer(answer.chunk)
+    count = 0
+    role = answer.chunk("", None, None, True)
+    if role is not None:
+        yield _sse(role)
+    piece: tuple[str, list[int], str | None] | None = first
+    while piece is not None:
+        new, new_ids, reason = piece
+        count += len(new_ids)
+        if new or reason or (want_ids and new_ids):
+            yield renderer.event(new, new_ids if want_ids else None, reason)
+        try:
+            piece = await anext(pieces, None)
+        except APIError as error:
+            # The 200 is already out: the failure travels as an error event.
+            yield _sse(json.dumps(p.error_body(error.message, type=error.type, code=error.code)))
+            break
+    if usage:
+        yield _sse(answer.usage_chunk(_usage(prompt_tokens, count)))
+    yield _sse("[DONE]")
 
 
 def _publish_schemas(app: FastAPI, models: list[type[p.BaseModel]]) -> None:
@@ -363,8 +384,3 @@ class _SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self._on_close()
-
-
-def _usage_chunk(make_chunk: Callable[..., Any], usage: p.Usage) -> Any:
-    chunk = make_chunk("", None, None, False)
-    return chunk.model_copy(update={"choices": [], "usage": usage})
