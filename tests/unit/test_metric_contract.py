@@ -53,7 +53,8 @@ def test_the_operator_and_runtime_spell_the_names_alike():
 
 
 def test_budget_presets_of_builtin_models_match_the_runtime(tmp_path):
-    # The operator cannot import the runtime, so the shapes live twice: this keeps them one.
+    # One table (wok_contracts.builtin_models); this checks the runtime's config.json of each,
+    # read back the way the operator reads a model's, is the operator's preset.
     import json
 
     from wok_operator.budget import architecture_from_hf_config, preset

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from wok_contracts.builtin_models import BUILTIN_SHAPES
 from wok_runtime.core.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -92,43 +93,11 @@ class BuiltinSpec:
 
 
 BUILTINS: dict[str, BuiltinSpec] = {
-    "tiny": BuiltinSpec(
-        name="tiny",
-        config=ModelConfig(
-            hidden_size=256,
-            intermediate_size=688,
-            num_hidden_layers=4,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=32,
-            vocab_size=8192,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-            max_position_embeddings=2048,
-            tie_word_embeddings=False,
-            bos_token_id=0,
-            eos_token_id=0,
-        ),
-    ),
-    # SmolLM2-135M's real shape, with random weights.
-    "smollm2-135m": BuiltinSpec(
-        name="smollm2-135m",
-        config=ModelConfig(
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            head_dim=64,
-            vocab_size=49152,
-            rms_norm_eps=1e-5,
-            rope_theta=100000.0,
-            max_position_embeddings=8192,
-            tie_word_embeddings=True,
-            bos_token_id=0,
-            eos_token_id=0,
-        ),
-    ),
+    name: BuiltinSpec(
+        name=name,
+        config=ModelConfig(**asdict(shape), rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0),
+    )
+    for name, shape in BUILTIN_SHAPES.items()
 }
 
 
