@@ -98,8 +98,6 @@ def _stats(**changes) -> EngineStats:
         max_batch_size=8,
         max_num_batched_tokens=2048,
         num_preemptions_total=5,
-        completed_total=7,
-        recent_completion_rate=1.5,
         prefix_cache_queries=40,
         prefix_cache_hits=32,
     )

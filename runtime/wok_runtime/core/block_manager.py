@@ -215,13 +215,6 @@ class BlockManager:
         if block not in self._hash_of:  # holds nothing reusable: the first to go
             self._free.move_to_end(block, last=False)
 
-    def can_append_slot(self, seq: Sequence) -> bool:
-        return self.can_allocate(seq, seq.num_computed_tokens + 1)
-
-    def append_slot(self, seq: Sequence) -> None:
-        """Room for one more token (a decode step) after the computed ones."""
-        self.allocate(seq, seq.num_computed_tokens + 1)
-
     def free(self, seq: Sequence) -> None:
         """Drops `seq`'s hold on its blocks (idempotent). A block nothing else holds becomes
         free, its cached contents kept for a later hit."""

@@ -113,8 +113,6 @@ class EngineStats:
     max_batch_size: int
     max_num_batched_tokens: int  # the step token budget in effect
     num_preemptions_total: int
-    completed_total: int
-    recent_completion_rate: float
     batch_waiting: int = 0
     batch_running: int = 0
     batch_kv_blocks: int = 0
@@ -197,7 +195,6 @@ class LLMEngine:
         self._accepting = True
         self._stop_deadline: float | None = None
         self._thread: threading.Thread | None = None
-        self._completed_total = 0
         self.loop_iterations = 0  # for the no-spin test
         # Why the loop stopped on an internal error (None while it runs): a restart is needed.
         self.failure: str | None = None
@@ -335,8 +332,6 @@ class LLMEngine:
                 max_batch_size=sched.max_batch_size,
                 max_num_batched_tokens=sched.max_num_batched_tokens,
                 num_preemptions_total=sched.preemptions["online"],
-                completed_total=self._completed_total,
-                recent_completion_rate=queue.completions.rate(self._clock()),
                 batch_waiting=len(sched.batch_queue),
                 batch_running=len(batch_running),
                 batch_kv_blocks=batch_blocks,
@@ -564,7 +559,6 @@ class LLMEngine:
                 del self._callbacks[seq.request_id]
                 self._final_only.discard(seq.request_id)
                 self._executor.release(seq.request_id)
-                self._completed_total += 1
             outputs.append(
                 (
                     callback,

@@ -109,11 +109,6 @@ class ModelConfig:
         """The longest sequence the rotary tables cover (alias of max_position_embeddings)."""
         return self.max_position_embeddings
 
-    @property
-    def num_query_groups(self) -> int:
-        """Query heads that share one KV head (grouped-query attention)."""
-        return self.num_attention_heads // self.num_key_value_heads
-
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of one token across all layers: 2 · layers · kv_heads · head_dim · bytes."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
