@@ -36,6 +36,23 @@ def register(commands: Any) -> None:
 
 def _register_serve(runtime: Any) -> None:
     p = runtime.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_endpoint_flags(p)
+    _add_engine_flags(p)
+    _add_queue_flags(p)
+    _add_connection_flags(p)
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt in full (by default a request reuses the KV blocks of the "
+        "longest prompt prefix that an earlier one computed)",
+    )
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_serve)
+
+
+def _add_endpoint_flags(p: argparse.ArgumentParser) -> None:
+    """What is served, and where: the model, its name, the address and the admin token."""
     p.add_argument("--model", default="builtin:tiny", help="model source (builtin:NAME or a dir)")
     p.add_argument("--served-model-name", default=None, help="name in the API (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
@@ -46,6 +63,10 @@ def _register_serve(runtime: Any) -> None:
         help="bearer token for /admin (or env "
         "WOK_ADMIN_TOKEN); without one the admin API is disabled",
     )
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The engine, the model runner and the device: batching, the KV pool, dtype, kernels."""
     p.add_argument("--mode", choices=("continuous", "static", "serial"), default="continuous")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=int, default=0)
@@ -105,6 +126,10 @@ def _register_serve(runtime: Any) -> None:
         default=None,
         help="sim: not ready this long after start (default: the profile's load_seconds)",
     )
+
+
+def _add_queue_flags(p: argparse.ArgumentParser) -> None:
+    """The queues and lanes: the batch lane, priority classes, aging and tenant shares."""
     p.add_argument(
         "--batch-queue-size",
         type=int,
@@ -127,6 +152,10 @@ def _register_serve(runtime: Any) -> None:
     p.add_argument("--priority-classes", default="interactive=0,standard=1,batch=2")
     p.add_argument("--aging-seconds", type=float, default=10.0)
     p.add_argument("--tenant-kv-share", type=float, default=1.0)
+
+
+def _add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """The HTTP side: the drain, streaming and what one connection may cost."""
     p.add_argument("--drain-seconds", type=float, default=30.0)
     p.add_argument(
         "--unready-seconds",
@@ -160,15 +189,6 @@ def _register_serve(runtime: Any) -> None:
         default=60.0,
         help="seconds a client has to send a request's body, from its headers; then 408",
     )
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="compute every prompt in full (by default a request reuses the KV blocks of the "
-        "longest prompt prefix that an earlier one computed)",
-    )
-    p.add_argument("--log-level", default="info")
-    p.set_defaults(func=_serve)
 
 
 def _port(text: str) -> int:

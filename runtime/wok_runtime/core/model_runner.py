@@ -23,6 +23,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -318,85 +319,38 @@ class ModelRunner:
         path = resolve_source(source)
         workers: list[Any] = []
         if parallel.size > 1:
-            # Errors a rank would hit are found here, before any rank starts.
-            check_divisible(ModelConfig.from_file(path / "config.json"), parallel.size)
-            if compile:
-                raise ValueError("--compile is not supported with tensor parallelism")
-            if parallel.rank == 0:
-                port = free_port()
-                same = {  # every rank sizes the same pool for the same model
-                    "source": source,
-                    "dtype": dtype,
-                    "device": device,
-                    "block_size": block_size,
-                    "kv_cache_bytes": kv_cache_bytes,
-                    "gpu_memory_utilization": gpu_memory_utilization,
-                    "max_num_batched_tokens": max_num_batched_tokens,
-                    "max_model_len": max_model_len,
-                    "attention": attention,
-                }
-                workers = spawn_workers(parallel.size, port, run_worker, same)
-            assert port is not None, "a worker rank is given the group's port"
-            torch_device = rank_device(torch_device, parallel)
-            join_group(parallel, port, torch_device)
+            same = {  # every rank sizes the same pool for the same model
+                "source": source,
+                "dtype": dtype,
+                "device": device,
+                "block_size": block_size,
+                "kv_cache_bytes": kv_cache_bytes,
+                "gpu_memory_utilization": gpu_memory_utilization,
+                "max_num_batched_tokens": max_num_batched_tokens,
+                "max_model_len": max_model_len,
+                "attention": attention,
+            }
+            torch_device, workers = _join_tensor_parallel(
+                parallel, port, torch_device, path, compile, same
+            )
         model = load_model(path, dtype=torch_dtype, device=torch_device, parallel=parallel)
         tokenizer = Tokenizer.from_dir(path)
         config = model.config
-        if max_model_len is None:
-            max_model_len = config.max_position_embeddings
-        if not 0 < max_model_len <= config.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len must be in [1, {config.max_position_embeddings}] for this model, "
-                f"got {max_model_len}"
-            )
+        max_model_len = _checked_max_model_len(max_model_len, config)
         if torch_device.type == "cpu" and torch_dtype == torch.bfloat16:
             prepare_cpu_gemms(model)
+        kv_memory = _size_kv_pool(
+            model,
+            torch_device,
+            parallel,
+            kv_cache_bytes,
+            gpu_memory_utilization,
+            max_num_batched_tokens,
+        )
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
-        # The room for the pool, measured after the load (the weights are not free memory).
-        if torch_device.type == "cuda":
-            # Every GPU of the pod holds 1/N of the pool: the pod's room is N times this one's.
-            measured = parallel.size * _cuda_kv_room(
-                model, torch_device, gpu_memory_utilization, max_num_batched_tokens
-            )
-            where = f"measured free on {torch_device} at --gpu-memory-utilization "
-            where += f"{gpu_memory_utilization:g}"
-        else:
-            available = available_bytes()
-            measured = default_cpu_kv_bytes(available)
-            where = f"the default for {available / 2**20:.0f} MiB of available host memory"
-        if kv_cache_bytes is None:
-            if measured <= 0:
-                raise ValueError(f"no memory left for the KV cache: {measured} bytes, {where}")
-            kv_cache_bytes = measured
-            log.info(
-                "KV cache on %s: %d bytes (%.0f MiB), %s (pass --kv-cache-bytes to choose)",
-                torch_device.type,
-                kv_cache_bytes,
-                kv_cache_bytes / 2**20,
-                where,
-            )
-        kv_memory = KvMemory(torch_device.type, kv_cache_bytes, measured)
-        if torch_device.type == "cuda" and kv_memory.differs():
-            log.warning(
-                "the KV budget (--kv-cache-bytes) is %d bytes but %d bytes were %s: they differ "
-                "by more than %.0f %% (the pool keeps the budget; check the operator's memory "
-                "budget against this node)",
-                kv_cache_bytes,
-                measured,
-                where.removeprefix("measured "),
-                100 * KV_BUDGET_TOLERANCE,
-            )
-        num_blocks = kv_cache_bytes // block_bytes
-        if parallel.size > 1:
-            # Block ids name the same block on every rank: all take the smallest pool.
-            count = torch.tensor([num_blocks], device=torch_device)
-            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
-            num_blocks = int(count.item())
-        if num_blocks <= 0:
-            raise ValueError(
-                f"a KV budget of {kv_cache_bytes} bytes holds no block of {block_size} tokens "
-                f"({block_bytes} bytes per block)"
-            )
+        num_blocks = _num_blocks(
+            kv_memory.budget_bytes, block_bytes, block_size, parallel, torch_device
+        )
         runner = cls(
             model,
             tokenizer,
@@ -688,6 +642,108 @@ def _length_groups(n_blocks: list[int]) -> list[tuple[int, int]]:
         groups.append((starts[cut[j]], starts[j]))
         j = cut[j]
     return groups[::-1]
+
+
+def _join_tensor_parallel(
+    parallel: Parallel,
+    port: int | None,
+    device: torch.device,
+    path: Path,
+    compile: bool,
+    same: dict[str, Any],
+) -> tuple[torch.device, list[Any]]:
+    """Joins this rank to the tensor-parallel group: rank 0 first spawns the other ranks (with
+    the runner's arguments `same`), a worker rank is given the group's `port`. Returns the
+    rank's device and the workers rank 0 spawned."""
+    # Errors a rank would hit are found here, before any rank starts.
+    check_divisible(ModelConfig.from_file(path / "config.json"), parallel.size)
+    if compile:
+        raise ValueError("--compile is not supported with tensor parallelism")
+    workers: list[Any] = []
+    if parallel.rank == 0:
+        port = free_port()
+        workers = spawn_workers(parallel.size, port, run_worker, same)
+    assert port is not None, "a worker rank is given the group's port"
+    device = rank_device(device, parallel)
+    join_group(parallel, port, device)
+    return device, workers
+
+
+def _checked_max_model_len(max_model_len: int | None, config: ModelConfig) -> int:
+    """The longest sequence served: the model's own context unless asked for less."""
+    if max_model_len is None:
+        return config.max_position_embeddings
+    if not 0 < max_model_len <= config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len must be in [1, {config.max_position_embeddings}] for this model, "
+            f"got {max_model_len}"
+        )
+    return max_model_len
+
+
+def _num_blocks(
+    budget_bytes: int, block_bytes: int, block_size: int, parallel: Parallel, device: torch.device
+) -> int:
+    """Blocks the KV budget holds; with tensor parallelism, the fewest any rank holds (block ids
+    name the same block on every rank). Joins the ranks' all-reduce when there are several."""
+    num_blocks = budget_bytes // block_bytes
+    if parallel.size > 1:
+        count = torch.tensor([num_blocks], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
+        num_blocks = int(count.item())
+    if num_blocks <= 0:
+        raise ValueError(
+            f"a KV budget of {budget_bytes} bytes holds no block of {block_size} tokens "
+            f"({block_bytes} bytes per block)"
+        )
+    return num_blocks
+
+
+def _size_kv_pool(
+    model: Transformer,
+    torch_device: torch.device,
+    parallel: Parallel,
+    kv_cache_bytes: int | None,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+) -> KvMemory:
+    """The KV pool's budget (`kv_cache_bytes`, or else the room measured for it) beside the
+    measured room; logs the choice, and warns on CUDA where the two differ."""
+    # The room for the pool, measured after the load (the weights are not free memory).
+    if torch_device.type == "cuda":
+        # Every GPU of the pod holds 1/N of the pool: the pod's room is N times this one's.
+        measured = parallel.size * _cuda_kv_room(
+            model, torch_device, gpu_memory_utilization, max_num_batched_tokens
+        )
+        where = f"measured free on {torch_device} at --gpu-memory-utilization "
+        where += f"{gpu_memory_utilization:g}"
+    else:
+        available = available_bytes()
+        measured = default_cpu_kv_bytes(available)
+        where = f"the default for {available / 2**20:.0f} MiB of available host memory"
+    if kv_cache_bytes is None:
+        if measured <= 0:
+            raise ValueError(f"no memory left for the KV cache: {measured} bytes, {where}")
+        kv_cache_bytes = measured
+        log.info(
+            "KV cache on %s: %d bytes (%.0f MiB), %s (pass --kv-cache-bytes to choose)",
+            torch_device.type,
+            kv_cache_bytes,
+            kv_cache_bytes / 2**20,
+            where,
+        )
+    kv_memory = KvMemory(torch_device.type, kv_cache_bytes, measured)
+    if torch_device.type == "cuda" and kv_memory.differs():
+        log.warning(
+            "the KV budget (--kv-cache-bytes) is %d bytes but %d bytes were %s: they differ "
+            "by more than %.0f %% (the pool keeps the budget; check the operator's memory "
+            "budget against this node)",
+            kv_cache_bytes,
+            measured,
+            where.removeprefix("measured "),
+            100 * KV_BUDGET_TOLERANCE,
+        )
+    return kv_memory
 
 
 def _cuda_kv_room(
