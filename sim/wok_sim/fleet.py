@@ -39,6 +39,7 @@ from wok_sim.replica import (
     RequestRecord,
     SimReplica,
 )
+from wok_sim.vllm_pod import VllmReplica
 
 Routing = Literal["random", "least-loaded"]
 TAIL_S = 600.0  # after the last arrival, how long work may still finish before it is dropped
@@ -64,6 +65,8 @@ class FleetConfig:
     duration_s: float | None = None  # default: up to the last arrival
     fast: bool = True
     prefix_caching: bool = True  # from the trace's hash_ids (replica.py)
+    # vLLM pods (vllm_pod.py): this fixed --max-num-seqs, vLLM's queue; None: wok runtime pods
+    vllm_max_num_seqs: int | None = None
     # Scoring starts here: requests that arrived before and GPU time before are not counted, the
     # same for every policy (a warm-up that no static fleet pays and every autoscaler does).
     score_from_s: float = 0.0
@@ -79,6 +82,8 @@ class FleetConfig:
             raise ValueError(f"--duration must be > 0, got {self.duration_s}")
         if self.score_from_s < 0:
             raise ValueError(f"the scored start must be >= 0 s, got {self.score_from_s}")
+        if self.vllm_max_num_seqs is not None and self.vllm_max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.vllm_max_num_seqs}")
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,15 @@ class _Fleet:
             prefix_caching=c.prefix_caching,
             token_budget=self.token_budget,
         )
+        if c.vllm_max_num_seqs is not None:
+            replica = VllmReplica(
+                c.profile,
+                max_num_seqs=c.vllm_max_num_seqs,
+                pod=pod_id,
+                fast=c.fast,
+                start_s=now,
+                prefix_caching=c.prefix_caching,
+            )
         self.pods.append(_Pod(pod_id, replica, now, "ready" if ready_now else "pending"))
         if not ready_now:
             heapq.heappush(self.events, (now + c.cold_start_s, pod_id, self.READY))

@@ -603,9 +603,7 @@ def run_single(
     fast: bool = True,
     prefix_caching: bool = True,
 ) -> list[RequestRecord]:
-    """One replica serving `requests` to the end; one record per request, in request order.
-    Lengths are clipped to the profile's max_model_len first, as the fleet does."""
-    requests, _ = clip_to_model(requests, profile.max_model_len)
+    """One replica serving `requests` to the end (`serve_to_end`)."""
     replica = SimReplica(
         profile,
         batch_cap=batch_cap,
@@ -616,6 +614,13 @@ def run_single(
         fast=fast,
         prefix_caching=prefix_caching,
     )
+    return serve_to_end(replica, requests)
+
+
+def serve_to_end(replica: SimReplica, requests: list[TraceRequest]) -> list[RequestRecord]:
+    """`replica` serving `requests` to the end; one record per request, in request order.
+    Lengths are clipped to the profile's max_model_len first, as the fleet does."""
+    requests, _ = clip_to_model(requests, replica.profile.max_model_len)
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     for i in order:
         replica.advance_to(requests[i].arrival_s)

@@ -74,6 +74,7 @@ def test_the_ticks_say_what_the_law_decided_and_why(capsys, tmp_path):
         ["--splice", "/nonexistent/trace.jsonl@0-60"],
         ["--score-from", "-1"],
         ["--score-from", "90"],  # past the last arrival: nothing to score
+        ["--engine", "vllm", "--max-num-seqs", "0"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, flags):
@@ -99,6 +100,18 @@ def test_score_from_counts_only_the_requests_and_gpu_time_from_then_on(capsys):
 def test_simulate_runs_a_spliced_trace(capsys):
     assert main([*SHORT, "--json", "--splice", "poisson:1:60@30-90"]) == 0
     assert json.loads(capsys.readouterr().out)["policies"]["wok"]["gpu_hours"] > 0
+
+
+def test_vllm_pods_queue_what_wok_pods_refuse(capsys):
+    # one pod under a burst beyond wok's queue bound: wok's runtime answers 429s, vLLM (cap 2,
+    # whatever the law's batch) queues every request
+    burst = [*SHORT[:2], "poisson:40:20", *SHORT[3:], "--json", "--max-replicas", "1"]
+    assert main(burst) == 0
+    wok = json.loads(capsys.readouterr().out)["policies"]["wok"]
+    assert main([*burst, "--engine", "vllm", "--max-num-seqs", "2"]) == 0
+    vllm = json.loads(capsys.readouterr().out)["policies"]["wok"]
+    assert wok["rejected"] > 0
+    assert vllm["rejected"] == 0
 
 
 def test_a_bad_choice_is_an_argparse_error():

@@ -52,7 +52,9 @@ class RequestResult:
     e2e_s: float | None = None
     output_tokens: int = 0
     expected_tokens: int = 0
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # per streamed chunk, from the start
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each chunk (a lagging
+    # server may merge several steps' tokens into one chunk)
     error: str | None = None
     body: str | None = None  # the start of a non-200 answer's body (its error code)
 
@@ -162,6 +164,7 @@ async def send_completion(
                     now = time.perf_counter() - started
                     result.ttft_s = result.ttft_s if result.ttft_s is not None else now
                     result.token_times.append(now)
+                    result.chunk_tokens.append(len(ids))
                     result.output_tokens += len(ids)
             result.e2e_s = time.perf_counter() - started
             if not done:

@@ -436,11 +436,38 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a tiny grid, 2 repeats (for tests)")
     p.add_argument("--seed", type=int, default=0, help="order in which the shapes are timed")
     p.add_argument("--no-progress", action="store_true")
+    http = p.add_argument_group(
+        "over HTTP (http_profiler.py): time a running OpenAI server, e.g. vLLM, from its stream"
+    )
+    http.add_argument(
+        "--url", default=None, help="the server (loopback), e.g. http://127.0.0.1:8000"
+    )
+    http.add_argument(
+        "--kv-capacity-tokens", type=int, default=None, help="default: the server's /metrics"
+    )
+    http.add_argument(
+        "--step-token-budget",
+        dest="max_num_batched_tokens_http",
+        type=int,
+        default=None,
+        help="the server's max_num_batched_tokens (default: its /metrics where it says it)",
+    )
+    http.add_argument(
+        "--load-seconds", type=float, default=60.0, help="start-up time to record (not measured)"
+    )
+    http.add_argument(
+        "--device-label", default=None, help="what the server runs on, for the record"
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    profile = profile_from_args(args)
+    if args.url:
+        from wok_runtime.tools.http_profiler import profile_over_http
+
+        profile = profile_over_http(args)
+    else:
+        profile = profile_from_args(args)
     Path(args.out).write_text(profile.to_json())
     fit = profile.fit
     print(
