@@ -1,7 +1,7 @@
 """One runtime pod, iteration by iteration, with the runtime scheduler's semantics and none of its
 tensors: the fleet simulator runs dozens of these for an hour of trace in seconds.
 
-The semantics are `wok_runtime.scheduler`'s (its docstring is the reference): every step the running
+The semantics are `wok_runtime.core.scheduler`'s (see its docstring): every step the running
 sequences go first (decodes, then prefill chunks, oldest first), then waiting requests are admitted
 in arrival order while the running count is under the batch cap B, the step's token budget lasts and
 KV blocks are free. Prompts are prefilled in chunks. The cap and the budget are live
