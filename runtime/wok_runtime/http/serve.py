@@ -106,64 +106,67 @@ def serve_from_args(args: argparse.Namespace) -> int:
     classes = parse_priority_classes(args.priority_classes)
     admin_token = read_admin_token(args.admin_token_file)
     sock = listen_socket(args.host, args.port)
-    runner = _build_runner(args)
-    load_seconds = 0.0
-    if args.device == "sim":
-        load_seconds = runner.profile.load_seconds
-        if args.sim_load_seconds is not None:
-            load_seconds = args.sim_load_seconds
-    config = ServerConfig(
-        served_model_name=args.served_model_name or runner.model_name,
-        admin_token=admin_token,
-        priority_classes=classes,
-        default_priority=classes.get("standard", min(classes.values())),
-        drain_seconds=args.drain_seconds,
-        unready_seconds=args.unready_seconds,
-        load_seconds=load_seconds,
-        max_request_bytes=args.max_request_bytes,
-        header_timeout_s=args.header_timeout,
-        body_timeout_s=args.body_timeout,
-    )
-    engine_config = EngineConfig(
-        mode=args.mode,
-        max_batch_size=args.max_batch_size,
-        max_wait_ms=args.max_wait_ms,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_queue=args.max_queue,
-        queue_timeout_s=args.queue_timeout,
-        aging_s=args.aging_seconds,
-        tenant_kv_share=args.tenant_kv_share,
-        max_model_len=args.max_model_len,
-        stream_interval=args.stream_interval,
-        batch_max_queue=args.batch_queue_size,
-        batch_queue_timeout_s=args.batch_queue_timeout,
-        batch_lane_max_batch_size=args.batch_lane_max_batch_size,
-        enable_prefix_caching=args.prefix_caching,
-    )
-    priorities = tuple(sorted(set(classes.values())))
-    # The collector reads the engine at scrape time; the engine reports steps to the collector.
-    metrics = RuntimeMetrics(
-        config.served_model_name,
-        lambda: engine.stats(),
-        priorities=priorities,
-        kv_memory=getattr(runner, "kv_memory", None),
-    )
-    engine = LLMEngine(runner, engine_config, on_step=metrics.observe_step)
-    app = create_app(engine, config, metrics=metrics)
-    if config.admin_token is None:
-        log.warning(
-            "admin API disabled: no --admin-token-file and no WOK_ADMIN_TOKEN "
-            "(/admin/* answers 403)"
+    try:  # a model that fails to load must not leave the port bound
+        runner = _build_runner(args)
+        load_seconds = 0.0
+        if args.device == "sim":
+            load_seconds = runner.profile.load_seconds
+            if args.sim_load_seconds is not None:
+                load_seconds = args.sim_load_seconds
+        config = ServerConfig(
+            served_model_name=args.served_model_name or runner.model_name,
+            admin_token=admin_token,
+            priority_classes=classes,
+            default_priority=classes.get("standard", min(classes.values())),
+            drain_seconds=args.drain_seconds,
+            unready_seconds=args.unready_seconds,
+            load_seconds=load_seconds,
+            max_request_bytes=args.max_request_bytes,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
         )
-    uv_config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=5,
-        access_log=False,
-        http=protocol_with_header_timeout(config.header_timeout_s),
-    )
-    uv = _DrainingServer(uv_config, app.state.server)
-    uv.run(sockets=[sock])
+        engine_config = EngineConfig(
+            mode=args.mode,
+            max_batch_size=args.max_batch_size,
+            max_wait_ms=args.max_wait_ms,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_queue=args.max_queue,
+            queue_timeout_s=args.queue_timeout,
+            aging_s=args.aging_seconds,
+            tenant_kv_share=args.tenant_kv_share,
+            max_model_len=args.max_model_len,
+            stream_interval=args.stream_interval,
+            batch_max_queue=args.batch_queue_size,
+            batch_queue_timeout_s=args.batch_queue_timeout,
+            batch_lane_max_batch_size=args.batch_lane_max_batch_size,
+            enable_prefix_caching=args.prefix_caching,
+        )
+        priorities = tuple(sorted(set(classes.values())))
+        # The collector reads the engine at scrape time; the engine reports steps to the collector.
+        metrics = RuntimeMetrics(
+            config.served_model_name,
+            lambda: engine.stats(),
+            priorities=priorities,
+            kv_memory=getattr(runner, "kv_memory", None),
+        )
+        engine = LLMEngine(runner, engine_config, on_step=metrics.observe_step)
+        app = create_app(engine, config, metrics=metrics)
+        if config.admin_token is None:
+            log.warning(
+                "admin API disabled: no --admin-token-file and no WOK_ADMIN_TOKEN "
+                "(/admin/* answers 403)"
+            )
+        uv_config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+            access_log=False,
+            http=protocol_with_header_timeout(config.header_timeout_s),
+        )
+        uv = _DrainingServer(uv_config, app.state.server)
+        uv.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
