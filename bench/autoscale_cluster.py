@@ -94,7 +94,7 @@ from wok_cluster.kubeapi import KubeApi, KubeError
 from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
 from wok_cluster.waiting import GiveUp, wait_until
-from wok_runtime.bench_http import RequestSpec
+from wok_runtime.tools.bench_http import RequestSpec
 
 # --- the simulator beside the cluster ----------------------------------------------------------
 

@@ -28,7 +28,7 @@ from autoscale_settings import (
 )
 
 from wok_cluster.kubeapi import KubeApi, KubeError
-from wok_runtime.bench_http import RequestResult, RequestSpec, send_completion
+from wok_runtime.tools.bench_http import RequestResult, RequestSpec, send_completion
 from wok_sim.report import Slos, attainment, p99, slo_hits
 
 

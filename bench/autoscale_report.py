@@ -16,7 +16,7 @@ from autoscale_settings import (
     Settings,
 )
 
-from wok_runtime.bench_http import RequestSpec
+from wok_runtime.tools.bench_http import RequestSpec
 from wok_sim.baselines import WAITING_TARGET
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wok_contracts.traces import TraceRequest, load_trace, scale_rate
-from wok_runtime.bench_http import RequestSpec
+from wok_runtime.tools.bench_http import RequestSpec
 from wok_sim.report import Slos
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_device import Server  # its /metrics counters and stop()
 
-from wok_runtime.bench_http import (
+from wok_runtime.tools.bench_http import (
     PROMPT_TOKEN_RANGE,
     RequestResult,
     RequestSpec,

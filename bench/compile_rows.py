@@ -25,7 +25,7 @@ import torch
 from cpu_kernels import write_report
 from runtime_step import decode_step
 
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.model_runner import ModelRunner, StepInput
 
 ROOT = Path(__file__).resolve().parents[1]
 #: eager: the runtime without --compile; kernels: --compile's kernels, steps eager; graph: all of

@@ -66,13 +66,13 @@ def time_backend(backend: str, weights: list[torch.Tensor]) -> dict[str, float]:
         if backend == "F.linear":
             return lambda x: torch.nn.functional.linear(x, weight)
         if backend == "torch prepacked":
-            from wok_runtime.model import PACKED_GEMM_ROWS
+            from wok_runtime.core.model import PACKED_GEMM_ROWS
 
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_GEMM_ROWS)
             op = torch.ops.mkldnn._linear_pointwise.default
             return lambda x: op(x, packed, None, "none", [], "")
         if backend == "brgemm":
-            from wok_runtime import brgemm_linear
+            from wok_runtime.kernels import brgemm_linear
 
             blocked = brgemm_linear.pack(weight)
             return lambda x: brgemm_linear.linear(x, blocked, None)
@@ -103,7 +103,7 @@ def worker(shapes_json: str) -> None:
 
 
 def model_shapes(source: str) -> list[Shape]:
-    from wok_runtime.loader import load_model, resolve_source
+    from wok_runtime.core.loader import load_model, resolve_source
 
     model = load_model(resolve_source(source), dtype=torch.bfloat16, device=torch.device("cpu"))
     return [(m.weight.shape[0], m.weight.shape[1]) for m in model.linears()]
@@ -123,7 +123,7 @@ def main() -> int:
     torch.set_num_threads(1)
     vllm_python = args.vllm_venv / "bin/python"
     backends = ["F.linear", "torch prepacked"]
-    from wok_runtime import brgemm_linear
+    from wok_runtime.kernels import brgemm_linear
 
     if brgemm_linear.load():
         backends.append("brgemm")

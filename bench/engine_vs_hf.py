@@ -42,7 +42,9 @@ from hf_reference import (
     load_hf_model,
 )
 
-from wok_runtime.bench_engine import (
+from wok_runtime.core.engine import EngineConfig
+from wok_runtime.core.model_runner import ModelRunner
+from wok_runtime.tools.bench_engine import (
     BenchRequest,
     format_table,
     percentile,
@@ -50,8 +52,6 @@ from wok_runtime.bench_engine import (
     synthetic_workload,
     trace_workload,
 )
-from wok_runtime.engine import EngineConfig
-from wok_runtime.model_runner import ModelRunner
 
 # The full trace lives in the shared folder beside the checkout (see ../shared/traces/README.md).
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"

@@ -185,7 +185,7 @@ def model_path(model: str, device: str) -> Path:
     """The model's directory: a builtin's, or the 8B shape drawn on `device` (gpu_models.py)."""
     from gpu_models import LLAMA3_8B, ensure_on_device
 
-    from wok_runtime.loader import resolve_source
+    from wok_runtime.core.loader import resolve_source
 
     if model == LLAMA3_8B.name:
         return ensure_on_device(LLAMA3_8B, device)
@@ -288,7 +288,7 @@ def check(
     from hf_reference import load_hf_model
 
     from wok_operator.api import quantity_bytes
-    from wok_runtime.model_runner import ModelRunner
+    from wok_runtime.core.model_runner import ModelRunner
 
     cuda = device.startswith("cuda")
     t0 = time.monotonic()
@@ -448,7 +448,7 @@ def greedy_equality(runner: Any, hf: Any, sizes: Sizes, *, seed: int) -> dict:
     from engine_vs_hf import wok_run
     from hf_reference import hf_static_generate
 
-    from wok_runtime.bench_engine import synthetic_workload
+    from wok_runtime.tools.bench_engine import synthetic_workload
 
     reqs = synthetic_workload(
         num_requests=sizes.equality_prompts,
@@ -575,7 +575,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def model_markdown(part: dict[str, Any]) -> list[str]:
-    from wok_runtime.bench_engine import format_table
+    from wok_runtime.tools.bench_engine import format_table
 
     lines: list[str] = []
     shape = part.get("runner")

@@ -24,10 +24,10 @@ def dry_run(out: Path) -> int:
     from gpu_models import LLAMA3_8B, SMALL_8B_LAYOUT, ensure_on_device
 
     from wok.cli import build_parser
-    from wok_runtime.decode_graphs import CudaGraphCapture, capture_sizes
-    from wok_runtime.loader import load_model, resolve_source
-    from wok_runtime.paged_attention import FlashInferKernel
-    from wok_runtime.parallel import backend_for
+    from wok_runtime.core.decode_graphs import CudaGraphCapture, capture_sizes
+    from wok_runtime.core.loader import load_model, resolve_source
+    from wok_runtime.core.paged_attention import FlashInferKernel
+    from wok_runtime.core.parallel import backend_for
 
     checks: dict[str, Any] = {}
     assert callable(CudaGraphCapture) and FlashInferKernel.for_graph

@@ -3,7 +3,7 @@ Llama-3-8B's, both with random weights, so the GPU machine downloads nothing.
 
 The 8B shape is too large for the builtins' generator (fp32 tensors drawn on the CPU: 32 GB
 written): its weights are drawn on the GPU in bfloat16 and written in 4 GB shards (16 GB), its
-tokenizer trained as the builtins' are (wok_runtime.builtin.build_tokenizer). A marker with the
+tokenizer trained as the builtins' are (wok_runtime.core.builtin.build_tokenizer). A marker with the
 spec's fingerprint makes a second run reuse the directory.
 """
 
@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from wok_runtime.builtin import (
+from wok_runtime.core.builtin import (
     MARKER,
     BuiltinSpec,
     _digest,
@@ -23,7 +23,7 @@ from wok_runtime.builtin import (
     random_weights,
     write_tokenizer,
 )
-from wok_runtime.model_config import ModelConfig
+from wok_runtime.core.model_config import ModelConfig
 
 SHARD_BYTES = 4 << 30
 GENERATOR = "gpu_models-bf16-v1"
@@ -80,7 +80,7 @@ def ensure_on_device(spec: BuiltinSpec, device: str, root: Path | None = None) -
 def write(spec: BuiltinSpec, path: Path, device: str) -> None:
     import torch
 
-    from wok_runtime.weights import save_safetensors
+    from wok_runtime.core.weights import save_safetensors
 
     config = spec.config
     path.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from runtime_vs_vllm import (
     ratio,
 )
 
-from wok_runtime.bench_http import RequestSpec
+from wok_runtime.tools.bench_http import RequestSpec
 
 PROMPT_LEN, OUTPUT_LEN = 128, 64
 MAX_MODEL_LEN = 1024

@@ -54,7 +54,7 @@ def load_hf_model(
     (default: where transformers puts it, the CPU)."""
     from transformers import LlamaForCausalLM
 
-    from wok_runtime.loader import resolve_source
+    from wok_runtime.core.loader import resolve_source
 
     path = resolve_source(source)
     model = LlamaForCausalLM.from_pretrained(

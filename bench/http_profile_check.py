@@ -2,7 +2,7 @@
 each server's throughput from its profile.
 
 Why: `wok plan` and `wok simulate --profile` size a fleet from a step profile; for a vLLM fleet
-that profile can only come from outside the engine, over HTTP (wok_runtime/http_profiler.py).
+that profile can only come from outside the engine, over HTTP (wok_runtime/tools/http_profiler.py).
 This checks that such a profile predicts what the server then does: both servers serve the same
 `builtin:tiny` directory (bfloat16, max_model_len 512, batch cap 32, one OpenMP thread, on this
 CPU); each is profiled over HTTP, then driven by closed loops of 1, 4 and 16 concurrent clients
@@ -40,8 +40,8 @@ from runtime_vs_vllm import Server, log, vllm_server, wok_server
 from wok_cluster.vllm_venv import VLLM_WHEEL, ensure_vllm
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.traces import TraceRequest
-from wok_runtime.bench_http import RequestSpec, run_bench, summarize
-from wok_runtime.builtin import ensure_builtin
+from wok_runtime.core.builtin import ensure_builtin
+from wok_runtime.tools.bench_http import RequestSpec, run_bench, summarize
 from wok_sim.replica import SimReplica
 from wok_sim.vllm_pod import VllmReplica
 

@@ -33,7 +33,7 @@ def _rss_bytes() -> int:
 def child(model: str, dtype: str, device: str) -> dict[str, object]:
     import torch
 
-    from wok_runtime.loader import load_model, parse_dtype, resolve_source
+    from wok_runtime.core.loader import load_model, parse_dtype, resolve_source
 
     path = resolve_source(model)  # generated and cached before the baseline
     baseline = _rss_bytes()

@@ -75,7 +75,7 @@ from wok_cluster.prometheus import Prometheus  # noqa: E402
 from wok_cluster.waiting import GiveUp, wait_until  # noqa: E402
 from wok_operator.resources import RUNTIME_PORT, SERVICE_LABEL  # noqa: E402
 from wok_operator.signals import round_queries  # noqa: E402
-from wok_runtime.bench_http import RequestSpec, send_completion  # noqa: E402
+from wok_runtime.tools.bench_http import RequestSpec, send_completion  # noqa: E402
 from wok_sim.prometheus import histogram_quantile  # noqa: E402
 
 ROOT = BENCH.parent

@@ -48,16 +48,16 @@ import torch
 
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.traces import TraceRequest, read_azure
-from wok_runtime.bench_engine import (
+from wok_runtime.core.engine import EngineConfig
+from wok_runtime.core.model_runner import ModelRunner, StepInput
+from wok_runtime.tools.bench_engine import (
     BenchRequest,
     percentile,
     run_engine_bench,
     synthetic_workload,
     trace_workload,
 )
-from wok_runtime.engine import EngineConfig
-from wok_runtime.model_runner import ModelRunner, StepInput
-from wok_runtime.profiler import StepSample, context_tokens, device_label, fit_step_costs
+from wok_runtime.tools.profiler import StepSample, context_tokens, device_label, fit_step_costs
 from wok_sim.replica import run_single
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"
@@ -312,8 +312,8 @@ def check_case(name: str, case: Case, *, load: float, seed: int) -> dict[str, An
 
 
 def kv_bytes_per_token(case: Case, dtype: str) -> int:
-    from wok_runtime.loader import parse_dtype, resolve_source
-    from wok_runtime.model_config import ModelConfig
+    from wok_runtime.core.loader import parse_dtype, resolve_source
+    from wok_runtime.core.model_config import ModelConfig
 
     config = ModelConfig.from_file(resolve_source(case.model) / "config.json")
     return config.kv_bytes_per_token(parse_dtype(dtype).itemsize)

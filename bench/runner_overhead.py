@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.model_runner import ModelRunner, StepInput
 
 
 class DenseDecode:

@@ -41,13 +41,13 @@ from typing import Any
 import torch
 from cpu_kernels import write_report
 
-from wok_runtime import brgemm_linear, paged_decode
-from wok_runtime.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
-from wok_runtime.engine import EngineConfig
-from wok_runtime.loader import load_model, resolve_source
-from wok_runtime.model import FP32_GEMM_MIN_ROWS
-from wok_runtime.model_runner import ModelRunner
-from wok_runtime.step_graph import StepGraph
+from wok_runtime.core.engine import EngineConfig
+from wok_runtime.core.loader import load_model, resolve_source
+from wok_runtime.core.model import FP32_GEMM_MIN_ROWS
+from wok_runtime.core.model_runner import ModelRunner
+from wok_runtime.core.step_graph import StepGraph
+from wok_runtime.kernels import brgemm_linear, paged_decode
+from wok_runtime.tools.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("output_tokens_per_s", "tpot_p50_s", "ttft_p50_s")

@@ -37,7 +37,7 @@ from runtime_vs_vllm import (
     wok_server,
 )
 
-from wok_runtime.builtin import ensure_builtin
+from wok_runtime.core.builtin import ensure_builtin
 
 
 def side(

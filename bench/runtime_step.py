@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from wok_runtime import brgemm_linear, paged_decode
-from wok_runtime.model import Linear
-from wok_runtime.model_runner import ModelRunner, StepInput
-from wok_runtime.sampler import Sampler
-from wok_runtime.sampling_params import SamplingParams
+from wok_runtime.core.model import Linear
+from wok_runtime.core.model_runner import ModelRunner, StepInput
+from wok_runtime.core.sampler import Sampler
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.kernels import brgemm_linear, paged_decode
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {

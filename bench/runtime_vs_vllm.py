@@ -42,8 +42,8 @@ from typing import Any
 import httpx
 
 from wok_cluster.vllm_venv import default_venv, ensure_vllm
-from wok_runtime.bench_http import RequestSpec, run_bench, summarize, trace_specs
-from wok_runtime.builtin import ensure_builtin
+from wok_runtime.core.builtin import ensure_builtin
+from wok_runtime.tools.bench_http import RequestSpec, run_bench, summarize, trace_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "bench" / "traces" / "azure_llm_2023_code.csv"

@@ -39,7 +39,7 @@ import httpx
 
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.traces import clip_to_model, poisson
-from wok_runtime.bench_http import PROMPT_TOKEN_RANGE
+from wok_runtime.tools.bench_http import PROMPT_TOKEN_RANGE
 
 ROOT = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")

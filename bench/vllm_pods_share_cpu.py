@@ -26,8 +26,8 @@ from pathlib import Path
 from runtime_vs_vllm import log, vllm_server
 
 from wok_cluster.vllm_venv import ensure_vllm
-from wok_runtime.bench_http import RequestSpec, run_bench
-from wok_runtime.builtin import ensure_builtin
+from wok_runtime.core.builtin import ensure_builtin
+from wok_runtime.tools.bench_http import RequestSpec, run_bench
 
 PROMPT, OUTPUT = 128, 64
 DEFAULT_ENV = {"OMP_NUM_THREADS": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}

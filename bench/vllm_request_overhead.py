@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from wok_runtime.bench_http import RequestSpec, run_bench
+from wok_runtime.tools.bench_http import RequestSpec, run_bench
 
 ENGINE_SUMS = (
     "vllm:request_queue_time_seconds_sum",

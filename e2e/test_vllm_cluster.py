@@ -22,7 +22,7 @@ from wok_cluster.process import command_line
 from wok_cluster.vllm_process import SERVER_MODULE
 from wok_cluster.vllm_venv import vllm_python
 from wok_cluster.waiting import wait_until
-from wok_runtime.bench_http import RequestSpec, run_bench
+from wok_runtime.tools.bench_http import RequestSpec, run_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow(minutes=5)]
 

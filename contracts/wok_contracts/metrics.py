@@ -2,7 +2,7 @@
 
 The operator's control loop, the alert rules and the dashboard all query these series, so the
 names live here as plain strings that import nothing (no prometheus_client, no torch): any part
-may import them. The runtime's collector (`wok_runtime.metrics`, which does import
+may import them. The runtime's collector (`wok_runtime.http.metrics`, which does import
 prometheus_client) registers exactly these.
 
 The vLLM-compatible names (`vllm:…`) keep existing vLLM dashboards and autoscaler queries working

@@ -57,7 +57,7 @@ def section(model: type[ApiModel]) -> Any:
 
 
 #: The decoder families the runtime serves (transformers' `model_type`): the one list that the
-#: CRD's enum, the budget and the docs share with `wok_runtime.model_config.MODEL_TYPES`.
+#: CRD's enum, the budget and the docs share with `wok_runtime.core.model_config.MODEL_TYPES`.
 ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
 
 

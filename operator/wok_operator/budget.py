@@ -33,6 +33,7 @@ from typing import get_args
 
 from pydantic.alias_generators import to_camel
 
+from wok_contracts.builtin_models import BUILTIN_SHAPES
 from wok_operator.api import (
     Architecture,
     InferenceServiceSpec,
@@ -52,27 +53,8 @@ RUNTIME_OVERHEAD_BYTES = 2 * 2**30
 SIM_POD_MEMORY_BYTES = 256 * 2**20
 
 PRESETS: dict[str, Architecture] = {
-    "tiny": Architecture(
-        num_hidden_layers=4,
-        hidden_size=256,
-        intermediate_size=688,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=8192,
-        tie_word_embeddings=False,
-        max_position_embeddings=2048,
-    ),
-    "smollm2-135m": Architecture(
-        num_hidden_layers=30,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-    ),
+    # The built-in models' shapes, the runtime's own table (`builtin:NAME`).
+    **{name: Architecture(**shape.memory_shape()) for name, shape in BUILTIN_SHAPES.items()},
     "llama-2-7b": Architecture(
         num_hidden_layers=32,
         hidden_size=4096,

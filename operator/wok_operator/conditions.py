@@ -60,10 +60,3 @@ def set_condition(
         **({"observedGeneration": generation} if generation is not None else {}),
     }
     return list(existing.values())
-
-
-def condition_status(conditions: list[dict[str, Any]] | None, type_: str) -> str | None:
-    for condition in conditions or []:
-        if condition.get("type") == type_:
-            return condition.get("status")
-    return None

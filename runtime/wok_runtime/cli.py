@@ -36,6 +36,23 @@ def register(commands: Any) -> None:
 
 def _register_serve(runtime: Any) -> None:
     p = runtime.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_endpoint_flags(p)
+    _add_engine_flags(p)
+    _add_queue_flags(p)
+    _add_connection_flags(p)
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt in full (by default a request reuses the KV blocks of the "
+        "longest prompt prefix that an earlier one computed)",
+    )
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_serve)
+
+
+def _add_endpoint_flags(p: argparse.ArgumentParser) -> None:
+    """What is served, and where: the model, its name, the address and the admin token."""
     p.add_argument("--model", default="builtin:tiny", help="model source (builtin:NAME or a dir)")
     p.add_argument("--served-model-name", default=None, help="name in the API (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
@@ -46,6 +63,10 @@ def _register_serve(runtime: Any) -> None:
         help="bearer token for /admin (or env "
         "WOK_ADMIN_TOKEN); without one the admin API is disabled",
     )
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The engine, the model runner and the device: batching, the KV pool, dtype, kernels."""
     p.add_argument("--mode", choices=("continuous", "static", "serial"), default="continuous")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=int, default=0)
@@ -105,6 +126,10 @@ def _register_serve(runtime: Any) -> None:
         default=None,
         help="sim: not ready this long after start (default: the profile's load_seconds)",
     )
+
+
+def _add_queue_flags(p: argparse.ArgumentParser) -> None:
+    """The queues and lanes: the batch lane, priority classes, aging and tenant shares."""
     p.add_argument(
         "--batch-queue-size",
         type=int,
@@ -127,6 +152,10 @@ def _register_serve(runtime: Any) -> None:
     p.add_argument("--priority-classes", default="interactive=0,standard=1,batch=2")
     p.add_argument("--aging-seconds", type=float, default=10.0)
     p.add_argument("--tenant-kv-share", type=float, default=1.0)
+
+
+def _add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """The HTTP side: the drain, streaming and what one connection may cost."""
     p.add_argument("--drain-seconds", type=float, default=30.0)
     p.add_argument(
         "--unready-seconds",
@@ -160,15 +189,6 @@ def _register_serve(runtime: Any) -> None:
         default=60.0,
         help="seconds a client has to send a request's body, from its headers; then 408",
     )
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="compute every prompt in full (by default a request reuses the KV blocks of the "
-        "longest prompt prefix that an earlier one computed)",
-    )
-    p.add_argument("--log-level", default="info")
-    p.set_defaults(func=_serve)
 
 
 def _port(text: str) -> int:
@@ -187,7 +207,7 @@ def _device(text: str) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from wok_runtime.serve import serve_from_args
+    from wok_runtime.http.serve import serve_from_args
 
     return serve_from_args(args)
 
@@ -234,7 +254,7 @@ def _register_bench_http(bench: Any) -> None:
 
 
 def _bench_http(args: argparse.Namespace) -> int:
-    from wok_runtime.bench_http import run_from_args
+    from wok_runtime.tools.bench_http import run_from_args
 
     return run_from_args(args)
 
@@ -258,7 +278,7 @@ def _register_model(model: Any) -> None:
 
 
 def _model_export(args: argparse.Namespace) -> int:
-    from wok_runtime.loader import export_model
+    from wok_runtime.core.loader import export_model
 
     if args.max_shard_mb is not None and args.max_shard_mb <= 0:
         raise ValueError("--max-shard-mb must be positive")
@@ -272,7 +292,7 @@ def _model_export(args: argparse.Namespace) -> int:
 
 
 def _register_bench_engine(bench: Any) -> None:
-    from wok_runtime.bench_engine import register_arguments  # argparse only, no torch
+    from wok_runtime.tools.bench_engine import register_arguments  # argparse only, no torch
 
     p = bench.add_parser("engine", help="offline engine benchmark by batching mode (no HTTP)")
     register_arguments(p)
@@ -280,7 +300,7 @@ def _register_bench_engine(bench: Any) -> None:
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
-    from wok_runtime.bench_engine import run_from_args
+    from wok_runtime.tools.bench_engine import run_from_args
 
     return run_from_args(args)
 
@@ -289,7 +309,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 
 def _register_profile(commands: Any) -> None:
-    from wok_runtime.profiler import register_arguments  # argparse only, no torch
+    from wok_runtime.tools.profiler import register_arguments  # argparse only, no torch
 
     p = commands.add_parser(
         "profile", help="measure the engine's step time and fit a wok_sim step-time profile"
@@ -299,6 +319,6 @@ def _register_profile(commands: Any) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from wok_runtime.profiler import run_from_args
+    from wok_runtime.tools.profiler import run_from_args
 
     return run_from_args(args)

@@ -219,6 +219,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write each policy's control ticks here (ticks-NAME.jsonl: the load, the fleet, the "
         "P99s it saw and the reason it gave): which rule acted, and when",
     )
+    parser.add_argument(
+        "--sim-engine",
+        choices=("event", "step"),
+        default="event",
+        help="event: decode stretches in closed form (the default); step: one scheduler "
+        "iteration per engine step, the reference the other is tested against",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable results")
     parser.add_argument(
         "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel simulations"
@@ -280,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         prefix_caching=args.prefix_caching,
         score_from_s=args.score_from,
         vllm_max_num_seqs=args.max_num_seqs if args.engine == "vllm" else None,
+        fast=args.sim_engine == "event",
     )
     ctx = PolicyContext(
         profile=profile,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from wok.cli import main
-from wok_runtime.scheduler import Scheduler
+from wok_runtime.core.scheduler import Scheduler
 
 TRIGGER = Path(os.environ["WOK_TEST_FAULT_FILE"])
 _schedule = Scheduler.schedule

@@ -22,7 +22,7 @@ from runtime_harness import (
 )
 
 from wok_contracts.metrics import METRICS, series_names
-from wok_runtime.bench_http import poisson_specs, run_bench
+from wok_runtime.tools.bench_http import poisson_specs, run_bench
 
 pytestmark = pytest.mark.integration
 

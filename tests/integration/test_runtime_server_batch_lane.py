@@ -13,7 +13,7 @@ import httpx
 import pytest
 from runtime_harness import RuntimeServer, start_server
 
-from wok_runtime.scheduler import ONLINE_IDLE_GRACE_S
+from wok_runtime.core.scheduler import ONLINE_IDLE_GRACE_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]  # bounds queue seconds: alone
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from runtime_harness import KV_BYTES_PER_TOKEN, start_server
 
-from wok_runtime.host_memory import CPU_KV_CAP_BYTES
+from wok_runtime.core.host_memory import CPU_KV_CAP_BYTES
 
 pytestmark = pytest.mark.integration
 

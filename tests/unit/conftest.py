@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from wok_runtime.block_manager import BlockManager
+from wok_runtime.core.block_manager import BlockManager
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from wok_operator import api, budget
 from wok_operator.crd import inference_service_crd, render_crd_yaml
-from wok_runtime.model_config import MODEL_TYPES
+from wok_runtime.core.model_config import MODEL_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "wok.dev_inferenceservices.yaml"

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from wok import cli
-from wok_runtime.bench_engine import parse_range, percentile, synthetic_workload, trace_workload
+from wok_runtime.tools.bench_engine import (
+    parse_range,
+    percentile,
+    synthetic_workload,
+    trace_workload,
+)
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "azure_llm_2023_code_head.csv"
 REQUIRED_KEYS = {

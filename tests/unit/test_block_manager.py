@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wok_runtime.block_manager import BlockManager
-from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.sequence import Sequence
+from wok_runtime.core.block_manager import BlockManager
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.core.sequence import Sequence
 
 
 def make_seq(request_id: str, tenant: str | None = None, num_tokens: int = 1) -> Sequence:
@@ -31,8 +31,8 @@ def test_allocate_covers_positions_and_free_returns_everything() -> None:
     bm.allocate(seq, 8)  # still two blocks
     assert len(seq.block_table) == 2
     seq.num_computed_tokens = 8
-    assert bm.can_append_slot(seq)
-    bm.append_slot(seq)  # position 8 opens a third block
+    assert bm.can_allocate(seq, 9)
+    bm.allocate(seq, 9)  # position 8 opens a third block
     assert len(seq.block_table) == 3
     bm.free(seq)
     bm.free(seq)  # idempotent
@@ -112,8 +112,8 @@ def test_property_blocks_are_conserved(
                 assert len(seq.block_table) == before
         elif op == "append":
             seq.num_computed_tokens = len(seq.block_table) * block_size
-            if bm.can_append_slot(seq):
-                bm.append_slot(seq)
+            if bm.can_allocate(seq, seq.num_computed_tokens + 1):
+                bm.allocate(seq, seq.num_computed_tokens + 1)
         else:
             bm.free(seq)
         bm.check_invariants()

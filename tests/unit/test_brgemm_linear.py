@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wok_runtime import brgemm_linear
-from wok_runtime.loader import load_model, resolve_source
-from wok_runtime.model import CausalAttention, Linear
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.loader import load_model, resolve_source
+from wok_runtime.core.model import CausalAttention, Linear
+from wok_runtime.core.model_runner import ModelRunner, StepInput
+from wok_runtime.kernels import brgemm_linear
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -17,12 +17,17 @@ import torch
 import transformers
 
 from wok.cli import main as wok_main
-from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated, write_model_dir
-from wok_runtime.loader import export_model, load_model
-from wok_runtime.model_config import ModelConfig
-from wok_runtime.model_runner import ModelRunner, StepInput
-from wok_runtime.tokenizer import Tokenizer
-from wok_runtime.weights import INDEX_FILE, iter_safetensors, load_safetensors, save_safetensors
+from wok_runtime.core.builtin import BuiltinSpec, ensure_builtin, ensure_generated, write_model_dir
+from wok_runtime.core.loader import export_model, load_model
+from wok_runtime.core.model_config import ModelConfig
+from wok_runtime.core.model_runner import ModelRunner, StepInput
+from wok_runtime.core.tokenizer import Tokenizer
+from wok_runtime.core.weights import (
+    INDEX_FILE,
+    iter_safetensors,
+    load_safetensors,
+    save_safetensors,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wok_runtime.compile_cache import (
+from wok_runtime.kernels.compile_cache import (
     EXTENSIONS_ENV,
     INDUCTOR_ENV,
     cache_dirs,
@@ -71,8 +71,8 @@ def test_serve_with_compile_keeps_its_builds_in_the_cache_volume(
     import os
 
     from wok.cli import build_parser
-    from wok_runtime import model_runner
-    from wok_runtime.serve import _build_runner
+    from wok_runtime.core import model_runner
+    from wok_runtime.http.serve import _build_runner
 
     monkeypatch.setenv("WOK_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(EXTENSIONS_ENV, raising=False)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from wok_runtime.builtin import ensure_builtin
-from wok_runtime.decode_graphs import capture_sizes, padded_size
-from wok_runtime.model_config import ModelConfig
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.builtin import ensure_builtin
+from wok_runtime.core.decode_graphs import capture_sizes, padded_size
+from wok_runtime.core.model_config import ModelConfig
+from wok_runtime.core.model_runner import ModelRunner, StepInput
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -142,7 +142,7 @@ def test_a_paged_kernel_is_planned_before_each_replay(tiny_dir: Path) -> None:
 def test_the_cpu_decode_kernel_reads_the_graphs_padded_tables(tiny_dir: Path) -> None:
     """The CPU's decode kernel (paged_decode.py) takes each row's table at the buffers' full
     width and its length, no mask."""
-    from wok_runtime import paged_decode
+    from wok_runtime.kernels import paged_decode
 
     plain, graphed = runner_for(tiny_dir), runner_for(tiny_dir)
     graphed.decode_kernel = paged_decode.load()
@@ -158,7 +158,7 @@ def test_flashinfer_runs_in_its_graph_mode_inside_the_graphs(tiny_dir: Path) -> 
     buffers of that size (through the fake `flashinfer` of test_paged_attention.py)."""
     from test_paged_attention import FakeFlashInfer
 
-    from wok_runtime.paged_attention import FlashInferKernel
+    from wok_runtime.core.paged_attention import FlashInferKernel
 
     plain, graphed = runner_for(tiny_dir), runner_for(tiny_dir)
     graphed.paged_kernel = FlashInferKernel(FakeFlashInfer, graphed.device, block_size=BLOCK)
@@ -192,8 +192,8 @@ def test_without_cuda_nothing_is_captured_and_bad_input_is_still_rejected(
 
 def test_serve_flags_choose_the_kernel_and_the_graphs(tiny_dir: Path) -> None:
     from wok.cli import build_parser
-    from wok_runtime.paged_attention import ReferenceKernel
-    from wok_runtime.serve import _build_runner
+    from wok_runtime.core.paged_attention import ReferenceKernel
+    from wok_runtime.http.serve import _build_runner
 
     argv = ["runtime", "serve", "--model", str(tiny_dir), "--device", "cpu"]
     argv += ["--kv-cache-bytes", str(1 << 20), "--attention", "reference", "--cuda-graphs"]

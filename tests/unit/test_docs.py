@@ -17,7 +17,7 @@ from wok.cli import build_parser, main
 from wok_contracts.traces import DEFAULT_SCRIPT
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import plan_for_spec
-from wok_runtime.model_config import ModelType
+from wok_runtime.core.model_config import ModelType
 from wok_sim.cli import POLICIES
 from wok_sim.columns import COLUMNS
 

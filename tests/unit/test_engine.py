@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from wok_runtime.engine import (
+from wok_runtime.core.engine import (
     EngineConfig,
     EngineDeadError,
     InvalidRequestError,
@@ -21,7 +21,7 @@ from wok_runtime.engine import (
     SamplingParams,
     StepStats,
 )
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.model_runner import ModelRunner, StepInput
 
 BLOCK = 16
 MAX_LEN = 128

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wok_runtime.host_memory import (
+from wok_runtime.core.host_memory import (
     CPU_KV_CAP_BYTES,
     CPU_KV_FRACTION,
     available_bytes,

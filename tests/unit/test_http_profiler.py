@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from wok_runtime.bench_http import RequestResult
-from wok_runtime.http_profiler import (
+from wok_runtime.tools.bench_http import RequestResult
+from wok_runtime.tools.http_profiler import (
     Injection,
     Timeline,
     parse_server_facts,
@@ -15,7 +15,7 @@ from wok_runtime.http_profiler import (
     shape_samples,
     stream_gaps,
 )
-from wok_runtime.profiler import fit_step_costs
+from wok_runtime.tools.profiler import fit_step_costs
 
 # Lines as vLLM 0.32's CPU server and wok's runtime print them (labels abridged to the ones read)
 VLLM_METRICS = """\

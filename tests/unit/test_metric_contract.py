@@ -53,11 +53,12 @@ def test_the_operator_and_runtime_spell_the_names_alike():
 
 
 def test_budget_presets_of_builtin_models_match_the_runtime(tmp_path):
-    # The operator cannot import the runtime, so the shapes live twice: this keeps them one.
+    # One table (wok_contracts.builtin_models); this checks the runtime's config.json of each,
+    # read back the way the operator reads a model's, is the operator's preset.
     import json
 
     from wok_operator.budget import architecture_from_hf_config, preset
-    from wok_runtime.builtin import BUILTINS
+    from wok_runtime.core.builtin import BUILTINS
 
     for name, spec in BUILTINS.items():
         path = tmp_path / f"{name}.json"
@@ -71,7 +72,7 @@ def test_budget_presets_of_builtin_models_match_the_runtime(tmp_path):
 
 
 def test_the_kv_budget_check_reads_the_runtimes_gauges_with_its_tolerance():
-    from wok_runtime.kv_memory import KV_BUDGET_TOLERANCE
+    from wok_runtime.core.kv_memory import KV_BUDGET_TOLERANCE
 
     assert signals.KV_BUDGET_TOLERANCE == KV_BUDGET_TOLERANCE
     for constant in (signals.KV_BUDGET_BYTES, signals.KV_MEASURED_BYTES):

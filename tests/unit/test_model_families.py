@@ -20,8 +20,8 @@ import transformers
 from test_model_runner import check_against_hf, generate_paged, prompts, runner_for
 
 from wok_operator.budget import architecture_from_hf_config, parameter_count
-from wok_runtime.builtin import ensure_builtin_tokenizer
-from wok_runtime.model_config import Llama3RopeScaling, ModelConfig
+from wok_runtime.core.builtin import ensure_builtin_tokenizer
+from wok_runtime.core.model_config import Llama3RopeScaling, ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -200,7 +200,7 @@ def test_rms_norm_and_rotary_match_transformers_bit_for_bit(dtype: torch.dtype) 
     (normalised in fp32, rounded, then weighted): a guard for any rewrite of them for speed."""
     from transformers.models.llama import modeling_llama as hf
 
-    from wok_runtime.model import RMSNorm, apply_rope
+    from wok_runtime.core.model import RMSNorm, apply_rope
 
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(64, 4, 96, generator=generator) * 3).to(dtype)

@@ -16,17 +16,17 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from wok_runtime import brgemm_linear
-from wok_runtime.builtin import BuiltinSpec, ensure_builtin, ensure_generated
-from wok_runtime.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
-from wok_runtime.loader import load_model
-from wok_runtime.model import (
+from wok_runtime.core.builtin import BuiltinSpec, ensure_builtin, ensure_generated
+from wok_runtime.core.host_memory import CPU_KV_CAP_BYTES, CPU_KV_FRACTION, available_bytes
+from wok_runtime.core.loader import load_model
+from wok_runtime.core.model import (
     FP32_GEMM_MIN_ROWS,
     CausalAttention,
     Linear,
 )
-from wok_runtime.model_config import ModelConfig
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.model_config import ModelConfig
+from wok_runtime.core.model_runner import ModelRunner, StepInput
+from wok_runtime.kernels import brgemm_linear
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -281,7 +281,7 @@ def test_kv_pool_is_sized_from_the_budget(tiny_dir: Path) -> None:
 def test_without_a_kv_budget_the_cpu_pool_takes_the_default_share_of_free_memory(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level("INFO", logger="wok_runtime.model_runner"):
+    with caplog.at_level("INFO", logger="wok_runtime.core.model_runner"):
         runner = ModelRunner.from_source("builtin:tiny", device="cpu")
     kv = runner.kv_memory
     assert kv is not None and kv.device == "cpu"
@@ -423,7 +423,7 @@ def test_decode_batches_of_very_different_lengths_split_into_groups(tiny_dir: Pa
 
 @pytest.mark.parametrize("seed", range(20))
 def test_length_groups_partition_the_rows_and_never_cost_more(seed: int) -> None:
-    from wok_runtime.model_runner import _GROUP_COST_BLOCKS, _length_groups
+    from wok_runtime.core.model_runner import _GROUP_COST_BLOCKS, _length_groups
 
     rng = random.Random(seed)
     counts = sorted(rng.randint(1, rng.choice([3, 20, 200])) for _ in range(rng.randint(1, 90)))

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from wok_runtime import paged_attention
-from wok_runtime.builtin import ensure_builtin
-from wok_runtime.model_config import ModelConfig
-from wok_runtime.model_runner import ModelRunner, StepInput
-from wok_runtime.paged_attention import (
+from wok_runtime.core import paged_attention
+from wok_runtime.core.builtin import ensure_builtin
+from wok_runtime.core.model_config import ModelConfig
+from wok_runtime.core.model_runner import ModelRunner, StepInput
+from wok_runtime.core.paged_attention import (
     FlashInferKernel,
     PagedBatch,
     ReferenceKernel,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wok_runtime import paged_decode
+from wok_runtime.kernels import paged_decode
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

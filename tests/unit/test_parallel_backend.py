@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from wok_runtime import parallel
-from wok_runtime.parallel import Parallel, backend_for, join_group
+from wok_runtime.core import parallel
+from wok_runtime.core.parallel import Parallel, backend_for, join_group
 
 
 def test_gpus_use_nccl_and_cpus_gloo(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from wok import cli
 from wok_contracts.profile import StepProfile, load_profile
-from wok_runtime.profiler import (
+from wok_runtime.tools.profiler import (
     StepSample,
     StepShape,
     context_tokens,

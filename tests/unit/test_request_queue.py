@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wok_runtime.request_queue import (
+from wok_runtime.core.request_queue import (
     DEFAULT_RETRY_AFTER_S,
     CompletionRate,
     QueueFullError,
     RequestQueue,
 )
-from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.sequence import Sequence, SequenceStatus
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.core.sequence import Sequence, SequenceStatus
 
 
 def seq(

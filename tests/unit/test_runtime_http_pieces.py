@@ -17,7 +17,21 @@ from starlette.requests import Request
 from test_bench_engine import REQUIRED_KEYS
 
 from wok_contracts import metrics as m
-from wok_runtime.bench_http import (
+from wok_runtime.core.engine import EngineStats, StepStats
+from wok_runtime.core.kv_memory import KvMemory
+from wok_runtime.core.sequence import RequestMetrics
+from wok_runtime.http.detokenizer import IncrementalText
+from wok_runtime.http.metrics import RuntimeMetrics
+from wok_runtime.http.protocol import (
+    BatchingUpdate,
+    ChatCompletionRequest,
+    CompletionRequest,
+    lone_surrogate,
+)
+from wok_runtime.http.serve import listen_socket
+from wok_runtime.http.server import APIError, AuthFailureLog, Server
+from wok_runtime.http.server_config import ServerConfig, parse_priority_classes
+from wok_runtime.tools.bench_http import (
     RequestResult,
     check_loopback,
     poisson_specs,
@@ -25,20 +39,6 @@ from wok_runtime.bench_http import (
     summarize,
     trace_specs,
 )
-from wok_runtime.detokenizer import IncrementalText
-from wok_runtime.engine import EngineStats, StepStats
-from wok_runtime.kv_memory import KvMemory
-from wok_runtime.metrics import RuntimeMetrics
-from wok_runtime.protocol import (
-    BatchingUpdate,
-    ChatCompletionRequest,
-    CompletionRequest,
-    lone_surrogate,
-)
-from wok_runtime.sequence import RequestMetrics
-from wok_runtime.serve import listen_socket
-from wok_runtime.server import APIError, AuthFailureLog, Server
-from wok_runtime.server_config import ServerConfig, parse_priority_classes
 
 # --- metric names ----------------------------------------------------------------------------
 
@@ -101,8 +101,6 @@ def _stats(**changes) -> EngineStats:
         max_batch_size=8,
         max_num_batched_tokens=2048,
         num_preemptions_total=5,
-        completed_total=7,
-        recent_completion_rate=1.5,
         prefix_cache_queries=40,
         prefix_cache_hits=32,
     )
@@ -499,7 +497,7 @@ def test_summary_keys_and_goodput():
 def _tokenizer(template: str | None):
     import tokenizers
 
-    from wok_runtime.tokenizer import Tokenizer
+    from wok_runtime.core.tokenizer import Tokenizer
 
     return Tokenizer(
         tokenizers.Tokenizer(tokenizers.models.BPE()), eos_token_id=None, chat_template=template
@@ -507,8 +505,8 @@ def _tokenizer(template: str | None):
 
 
 def test_chat_prompt_uses_the_template_or_the_documented_fallback():
-    from wok_runtime.protocol import ChatMessage
-    from wok_runtime.server import APIError, _format_chat_prompt
+    from wok_runtime.http.protocol import ChatMessage
+    from wok_runtime.http.server import APIError, _format_chat_prompt
 
     messages = [
         ChatMessage(role="system", content="be concise"),
@@ -526,8 +524,8 @@ def test_chat_prompt_uses_the_template_or_the_documented_fallback():
 
 
 def test_incremental_text_is_the_full_decode_and_decodes_a_window_only():
-    from wok_runtime.builtin import ensure_builtin_tokenizer
-    from wok_runtime.tokenizer import Tokenizer
+    from wok_runtime.core.builtin import ensure_builtin_tokenizer
+    from wok_runtime.core.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(ensure_builtin_tokenizer("tiny"))
     ids = tokenizer.encode("naïve café — 東京 🍜 " * 40)
@@ -564,9 +562,9 @@ def test_one_engine_step_wakes_the_event_loop_once_for_all_its_requests():
     between two outputs and the count is exact."""
     import asyncio
 
-    from wok_runtime.engine import EngineConfig, LLMEngine
-    from wok_runtime.model_runner import ModelRunner
-    from wok_runtime.sampling_params import SamplingParams
+    from wok_runtime.core.engine import EngineConfig, LLMEngine
+    from wok_runtime.core.model_runner import ModelRunner
+    from wok_runtime.core.sampling_params import SamplingParams
 
     runner = ModelRunner.from_source(
         "builtin:tiny", kv_cache_bytes=32 * 16 * 4096, block_size=16, max_model_len=64
@@ -604,8 +602,8 @@ def test_one_engine_step_wakes_the_event_loop_once_for_all_its_requests():
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_a_streamed_chunk_from_the_template_is_the_models_json_byte_for_byte(chat: bool):
-    from wok_runtime import protocol as p
-    from wok_runtime.openai_routes import _ChunkRenderer, _sse
+    from wok_runtime.http import protocol as p
+    from wok_runtime.http.openai_routes import _ChunkRenderer, _sse
 
     def make_chunk(new: str, ids: list[int] | None, reason: str | None, first: bool) -> object:
         if chat:
@@ -640,9 +638,9 @@ def test_a_request_still_gets_its_tokens_after_another_event_loop_has_submitted(
     import asyncio
     import threading
 
-    from wok_runtime.engine import EngineConfig, LLMEngine
-    from wok_runtime.model_runner import ModelRunner
-    from wok_runtime.sampling_params import SamplingParams
+    from wok_runtime.core.engine import EngineConfig, LLMEngine
+    from wok_runtime.core.model_runner import ModelRunner
+    from wok_runtime.core.sampling_params import SamplingParams
 
     runner = ModelRunner.from_source(
         "builtin:tiny", kv_cache_bytes=32 * 16 * 4096, block_size=16, max_model_len=64

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from wok_runtime import protocol as p
-from wok_runtime.request_body import BodyError, BodyParser, Kind, parse
+from wok_runtime.http import protocol as p
+from wok_runtime.http.request_body import BodyError, BodyParser, Kind, parse
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 PART = {"type": "text", "text": "x"}

@@ -13,11 +13,11 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wok_runtime.builtin import ensure_builtin_tokenizer
-from wok_runtime.metrics import RuntimeMetrics
-from wok_runtime.server import APIError, Server
-from wok_runtime.server_config import ServerConfig
-from wok_runtime.tokenizer import Tokenizer
+from wok_runtime.core.builtin import ensure_builtin_tokenizer
+from wok_runtime.core.tokenizer import Tokenizer
+from wok_runtime.http.metrics import RuntimeMetrics
+from wok_runtime.http.server import APIError, Server
+from wok_runtime.http.server_config import ServerConfig
 
 
 @pytest.fixture(scope="module")

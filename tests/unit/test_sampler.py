@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from wok_runtime.sampler import Sampler
-from wok_runtime.sampling_params import SamplingParams
+from wok_runtime.core.sampler import Sampler
+from wok_runtime.core.sampling_params import SamplingParams
 
 
 def logits_rows(n: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:

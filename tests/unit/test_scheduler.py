@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from wok_runtime.block_manager import BlockManager
-from wok_runtime.request_queue import QueueFullError, RequestQueue
-from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.scheduler import ONLINE_HEADROOM_SLOTS, Scheduler, SchedulerOutput
-from wok_runtime.sequence import Sequence, SequenceStatus
+from wok_runtime.core.block_manager import BlockManager
+from wok_runtime.core.request_queue import QueueFullError, RequestQueue
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.core.scheduler import ONLINE_HEADROOM_SLOTS, Scheduler, SchedulerOutput
+from wok_runtime.core.sequence import Sequence, SequenceStatus
 
 VOCAB = 97
 EOS = 0
@@ -401,7 +401,7 @@ def test_the_pure_modules_never_import_torch() -> None:
     import sys
 
     modules = "sequence block_manager request_queue scheduler engine_config sampling_params"
-    code = "; ".join(f"import wok_runtime.{m}" for m in modules.split())
+    code = "; ".join(f"import wok_runtime.core.{m}" for m in modules.split())
     code += "; import sys; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 

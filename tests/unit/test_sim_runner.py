@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from wok_contracts.profile import load_profile
-from wok_runtime.builtin import SPECIAL_TOKENS, ensure_builtin, ensure_builtin_tokenizer
-from wok_runtime.engine import EngineConfig, LLMEngine, RequestOutput
-from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.scheduler import ScheduledSeq, SchedulerOutput
-from wok_runtime.sequence import Sequence
-from wok_runtime.sim_runner import FIRST_PLAIN_TOKEN, SimModelRunner
-from wok_runtime.step import StepExecutor
+from wok_runtime.core.builtin import SPECIAL_TOKENS, ensure_builtin, ensure_builtin_tokenizer
+from wok_runtime.core.engine import EngineConfig, LLMEngine, RequestOutput
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.core.scheduler import ScheduledSeq, SchedulerOutput
+from wok_runtime.core.sequence import Sequence
+from wok_runtime.core.sim_runner import FIRST_PLAIN_TOKEN, SimModelRunner
+from wok_runtime.core.step import StepExecutor
 
 PROFILE = "sim:llama-3-8b-80g"
 
@@ -243,9 +243,9 @@ def test_the_sim_path_imports_no_torch() -> None:
         "import sys\n"
         "from wok.cli import build_parser\n"
         "build_parser()\n"
-        "import wok_runtime.serve, wok_runtime.engine\n"
-        "from wok_runtime.sim_runner import SimModelRunner\n"
-        "from wok_runtime.engine import EngineConfig, LLMEngine\n"
+        "import wok_runtime.http.serve, wok_runtime.core.engine\n"
+        "from wok_runtime.core.sim_runner import SimModelRunner\n"
+        "from wok_runtime.core.engine import EngineConfig, LLMEngine\n"
         f"LLMEngine(SimModelRunner.from_profile({PROFILE!r}), EngineConfig())\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

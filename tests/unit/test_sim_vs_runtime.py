@@ -13,11 +13,11 @@ import pytest
 
 from wok_contracts.profile import StepProfile
 from wok_contracts.traces import TraceRequest
-from wok_runtime.block_manager import BlockManager
-from wok_runtime.request_queue import RequestQueue
-from wok_runtime.sampling_params import SamplingParams
-from wok_runtime.scheduler import Scheduler
-from wok_runtime.sequence import Sequence
+from wok_runtime.core.block_manager import BlockManager
+from wok_runtime.core.request_queue import RequestQueue
+from wok_runtime.core.sampling_params import SamplingParams
+from wok_runtime.core.scheduler import Scheduler
+from wok_runtime.core.sequence import Sequence
 from wok_sim.replica import SimReplica, run_single
 
 # A small pod: 64 blocks of 16 tokens, so a burst of long prompts fills the pool.

@@ -15,9 +15,9 @@ import transformers
 from test_model_families import SHAPE, build_hf_dir
 from test_model_runner import BLOCK, generate_paged, prompts
 
-from wok_runtime.builtin import ensure_builtin
-from wok_runtime.model_config import ModelConfig
-from wok_runtime.model_runner import ModelRunner, StepInput
+from wok_runtime.core.builtin import ensure_builtin
+from wok_runtime.core.model_config import ModelConfig
+from wok_runtime.core.model_runner import ModelRunner, StepInput
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -29,7 +29,7 @@ def test_the_floor_is_the_newest_api_the_runtime_calls():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (spec,) = [d for d in project["optional-dependencies"]["runtime"] if d.startswith("torch")]
     floor = version(spec.removeprefix("torch>="))
-    source = "\n".join(p.read_text() for p in (ROOT / "runtime" / "wok_runtime").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "runtime" / "wok_runtime").rglob("*.py"))
     for needle in NEWEST_APIS:
         assert needle in source, f"{needle!r} is no longer used: drop it from the table"
     assert floor == max(NEWEST_APIS.values()), spec

@@ -13,7 +13,7 @@ from wok_cluster.vllm_process import (
     vllm_env,
 )
 from wok_cluster.vllm_venv import MARKER
-from wok_runtime.builtin import ensure_builtin
+from wok_runtime.core.builtin import ensure_builtin
 
 
 @pytest.fixture

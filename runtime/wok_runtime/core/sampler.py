@@ -1,0 +1,87 @@
+"""Turns each sequence's last-token logits into its next token.
+
+Batched where the requests allow: all greedy rows in one argmax, all sampled rows through one
+temperature / top-k / top-p pass. A request with a `seed` draws from its own `torch.Generator`
+(kept across steps and preemptions until `release`), so its output does not depend on what else
+shares the batch. A row with non-finite logits yields None: the engine fails that request alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wok_runtime.core.sampling_params import SamplingParams
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+        # Unseeded requests share one generator, so a whole run is reproducible from `seed`.
+        self._shared: torch.Generator | None = None
+        self._shared_seed = seed
+
+    def release(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(
+        self, request_id: str, params: SamplingParams, device: torch.device
+    ) -> torch.Generator:
+        if params.seed is None:
+            if self._shared is None or self._shared.device != device:
+                self._shared = torch.Generator(device=device)
+                if self._shared_seed is None:
+                    self._shared.seed()
+                else:
+                    self._shared.manual_seed(self._shared_seed)
+            return self._shared
+        gen = self._generators.get(request_id)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(params.seed)
+            self._generators[request_id] = gen
+        return gen
+
+    @torch.inference_mode()
+    def sample(
+        self, logits: torch.Tensor, requests: list[tuple[str, SamplingParams]]
+    ) -> list[int | None]:
+        """logits: (B, vocab) fp32, one row per (request_id, params). None for a poisoned row."""
+        assert logits.dim() == 2 and logits.shape[0] == len(requests)
+        result: list[int | None] = [None] * len(requests)
+        # One reduction instead of a (B, vocab) mask: a row sums to a finite number only if all of
+        # it is finite (logits are far from fp32's overflow range).
+        finite = torch.isfinite(logits.sum(dim=1)).tolist()
+        greedy = [i for i, (_, p) in enumerate(requests) if finite[i] and p.greedy]
+        sampled = [i for i, (_, p) in enumerate(requests) if finite[i] and not p.greedy]
+        if greedy:
+            rows = logits if len(greedy) == len(requests) else logits[greedy]  # no copy if all
+            tokens = rows.argmax(dim=-1).tolist()  # (G,)
+            for i, t in zip(greedy, tokens, strict=True):
+                result[i] = t
+        if sampled:
+            probs = self._filtered_probs(logits[sampled], [requests[i][1] for i in sampled])
+            for row, i in enumerate(sampled):
+                request_id, params = requests[i]
+                gen = self._generator(request_id, params, logits.device)
+                result[i] = int(torch.multinomial(probs[row], 1, generator=gen).item())
+        return result
+
+    @staticmethod
+    def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Probabilities after temperature, top-k and top-p, for every row at once. (S, vocab)"""
+        device = logits.device
+        vocab = logits.shape[-1]
+        temps = torch.tensor([p.temperature for p in params], device=device)  # (S,)
+        logits = logits / temps.unsqueeze(1)
+        top_ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        top_ps = torch.tensor([p.top_p for p in params], device=device)  # (S,)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (S, vocab)
+        ranks = torch.arange(vocab, device=device).unsqueeze(0)  # (1, vocab)
+        drop = ranks >= top_ks.clamp(max=vocab).unsqueeze(1)
+        sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= mass_before >= top_ps.unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        filtered = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        return torch.softmax(filtered, dim=-1)
