@@ -490,8 +490,14 @@ class LoopMemory(ApiModel):
     down_target: int | None = None
     last_scale_up: float | None = None
     last_replica_change: float | None = None
-    service_rate: float | None = None
+    service_rate: float | None = Field(
+        default=None, description="Requests/s the law believes a pod serves (μ)."
+    )
     service_rate_at: float | None = None
+    capacity_source: Literal["profile", "observed"] | None = Field(
+        default=None,
+        description="Where μ came from: the step profile's prior, or a saturated pod's rate.",
+    )
     proven_rate: float | None = None
     proven_rate_at: float | None = None
     learned_for: str | None = Field(

@@ -97,6 +97,9 @@ class LawParams:
     breached_utilization: float | None = None  # ρ while the budget is spent (None: the same)
     budget_window_s: float = 3600.0  # the error budget's window: what the law learnt ages over it
     learned_key: str = ""  # `learned_key(spec)`: the learned rates hold for this spec only
+    # Requests/s a pod serves within the SLOs for the observed mix, from the step profile (the
+    # planner's QPS_max = B_opt / t_batch(B_opt)): μ until a saturated pod shows its own.
+    capacity_prior: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
@@ -109,9 +112,13 @@ class LawParams:
             raise ValueError("target_utilization must be in (0, 1]")
         if self.breached_utilization is not None and not 0 < self.breached_utilization <= 1:
             raise ValueError("breached_utilization must be in (0, 1]")
+        if self.capacity_prior is not None and not self.capacity_prior > 0:
+            raise ValueError("capacity_prior must be > 0 requests/s")
 
     @classmethod
-    def from_spec(cls, spec: InferenceServiceSpec, *, batch_mem: int) -> LawParams:
+    def from_spec(
+        cls, spec: InferenceServiceSpec, *, batch_mem: int, capacity_prior: float | None = None
+    ) -> LawParams:
         b, s, slo = spec.batching, spec.scaling, spec.slo
         # An external owner (kubectl scale, an HPA, KEDA) pins the count: the law then cannot
         # move it, and moves the batch exactly as it would beside its own replicas.
@@ -138,6 +145,7 @@ class LawParams:
             pod_start_s=s.pod_start_seconds,
             budget_window_s=slo.budget_window_seconds,
             learned_key=learned_key(spec),
+            capacity_prior=capacity_prior,
         )
 
     def utilization(self, *, budget_spent: bool) -> float:
@@ -187,7 +195,8 @@ class LoopState:
     down_target: int | None = None  # the largest ask in that time (scale down to it)
     last_scale_up: float | None = None
     last_replica_change: float | None = None
-    service_rate: float | None = None  # requests/s a saturated pod completed, best measured
+    service_rate: float | None = None  # μ: requests/s a pod serves, as the law believes it
+    capacity_source: str | None = None  # "profile" (the prior) or "observed" (a saturated pod)
     service_rate_at: float | None = None  # when; a rate older than the budget window gives way
     proven_rate: float | None = None  # the most requests/s a pod has served within its SLOs
     proven_rate_at: float | None = None
@@ -463,14 +472,35 @@ def _pods(load: float, p: LawParams) -> int:
 class _Demand:
     replicas: int  # R*
     text: str
-    service_rate: float | None  # requests/s one pod completes when saturated, best measured
+    service_rate: float | None  # μ, requests/s one pod serves, as believed
     service_rate_at: float | None
+    capacity_source: str | None  # "profile" or "observed"
 
 
 def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, now: float) -> bool:
     """Whether `sample` replaces a learnt rate: it is higher, or the rate is a budget window old
     (what a pod could do an hour ago gives way to what it does now)."""
     return rate is None or sample > rate or at is None or now - at >= p.budget_window_s
+
+
+def _believed_rate(
+    state: LoopState, p: LawParams, sample: float | None, now: float
+) -> tuple[float | None, float | None, str | None]:
+    """μ, when it was learnt and where it came from. The profile's prior holds from the first
+    tick until a saturated pod shows its rate, which replaces it whether higher or lower (the
+    model is a model); after that the best rate a saturated pod has shown, until it is a budget
+    window old. A state from before the prior (a rate without a source) was observed."""
+    observed = state.service_rate is not None and state.capacity_source != "profile"
+    if not observed:
+        rate, at = p.capacity_prior, None
+        source = None if rate is None else "profile"
+        if sample is not None:
+            return sample, now, "observed"
+        return rate, at, source
+    rate, at = state.service_rate, state.service_rate_at
+    if sample is not None and _fresher(rate, at, sample, p, now):
+        return sample, now, "observed"
+    return rate, at, "observed"
 
 
 def _demand(
@@ -486,8 +516,9 @@ def _demand(
     """R* from two limits of a pod, whichever needs more pods:
     - slots (Little's law on the gauges): running + waiting over ρ · capacity;
     - throughput: arrivals (completions + refusals, plus a backlog drained within one SLO
-      window) over ρ · μ, with μ the requests/s a pod completes when compute-saturated (a queue
-      with free batch slots), measured then and remembered.
+      window) over ρ · μ, with μ the requests/s a pod serves: the profile's prior, then what a
+      compute-saturated pod (a queue with free batch slots) has shown, measured then and
+      remembered (`_believed_rate`).
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
       term sees them, and it keeps a scale-down from undoing what a burst taught."""
     ready, reporting = obs.ready_replicas, obs.reporting
@@ -497,24 +528,21 @@ def _demand(
     sequences = (running + queue) * reporting + (ready - reporting) * capacity
     by_slots = _pods(sequences / (utilization * capacity), p)
     text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {utilization:g}"
-    rate, rate_at = state.service_rate, state.service_rate_at
     finished = float(obs.finished_per_s)  # type: ignore[arg-type]
-    if finished <= 0:
-        return _Demand(by_slots, text, rate, rate_at)
     # The windowed rate of a pod that saturated partway through the window reads low: keep the
     # best rate a saturated pod has shown (a mix that got slower saturates pods sooner, and the
     # TTFT rule adds pods for it) until it is a budget window old.
-    if saturated and _fresher(rate, rate_at, finished / ready, p, now):
-        rate, rate_at = finished / ready, now
-    if rate is None or rate < MIN_RATE:
-        return _Demand(by_slots, text, rate, rate_at)
+    sample = finished / ready if saturated and finished > 0 else None
+    rate, rate_at, source = _believed_rate(state, p, sample, now)
+    if finished <= 0 or rate is None or rate < MIN_RATE:
+        return _Demand(by_slots, text, rate, rate_at, source)
     backlog = queue * reporting / p.slo_window_s if saturated else 0.0
     arrivals = finished + float(obs.rejected_per_s) + backlog  # type: ignore[arg-type]
     by_rate = _pods(arrivals / (utilization * rate), p)
     if by_rate <= by_slots:
-        return _Demand(by_slots, text, rate, rate_at)
-    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod when saturated, ρ {utilization:g}"
-    return _Demand(by_rate, text, rate, rate_at)
+        return _Demand(by_slots, text, rate, rate_at, source)
+    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod ({source}), ρ {utilization:g}"
+    return _Demand(by_rate, text, rate, rate_at, source)
 
 
 #: How much more than the most a pod has served well a scale-down may ask of each pod: a fleet
@@ -575,6 +603,7 @@ def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]
         state,
         service_rate=None,
         service_rate_at=None,
+        capacity_source=None,
         proven_rate=None,
         proven_rate_at=None,
         budget_spent=False,
@@ -613,12 +642,23 @@ def _windows(
 
 
 def _floor(
-    state: LoopState, f: _Facts, obs: Observation, p: LawParams, desired: int, now: float
+    state: LoopState,
+    f: _Facts,
+    obs: Observation,
+    p: LawParams,
+    demand: _Demand,
+    desired: int,
+    now: float,
 ) -> tuple[float | None, float | None, int, float | None]:
-    """The proven rate, when it was learnt, the fewest pods that serve today's arrivals at it
-    (`_proven`), and since when that floor alone has held a scale-down: once it has held the
-    fleet for a budget window it yields a pod."""
+    """The proven rate, when it was learnt, the fewest pods a scale-down may leave, and since
+    when that floor alone has held a scale-down. With μ believed (the profile's prior or a
+    saturated pod's rate) the throughput term already keeps the pods that serve today's
+    arrivals at ρ · μ, and no other floor applies. Without one, the pods that serve them at
+    `PROBE_GROWTH` times the most a pod has served within its SLOs (`_proven`); once that has
+    held the fleet for a budget window it yields a pod."""
     rate, at, floor = _proven(state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now)
+    if demand.service_rate is not None and demand.service_rate >= MIN_RATE:
+        return rate, at, 0, None
     since = _since(state.floor_since, now) if desired < f.replicas <= floor else None
     if since is not None and now - since >= p.budget_window_s:
         floor = f.replicas - 1
@@ -639,7 +679,7 @@ def _replica_rule(
     # A pod pending past its pod start is not on its way: it is no capacity, and its place in
     # the Deployment's count is asked for again.
     desired = p.clip_replicas(demand.replicas + obs.stalled_replicas)
-    proven_rate, proven_at, floor, floor_since = _floor(state, f, obs, p, desired, now)
+    proven_rate, proven_at, floor, floor_since = _floor(state, f, obs, p, demand, desired, now)
     tpot_pod = f.tpot_breached and not f.tpot_unattainable
     # Breaches more pods or a smaller batch may fix block a scale-down: TTFT while requests
     # queue (without a queue it comes from prefill, not from the fleet's size); TPOT while the
@@ -706,6 +746,7 @@ def _replica_rule(
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
         service_rate=demand.service_rate,
         service_rate_at=demand.service_rate_at,
+        capacity_source=demand.capacity_source,
         proven_rate=proven_rate,
         proven_rate_at=proven_at,
         saturated_since=f.saturated_since,

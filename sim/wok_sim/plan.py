@@ -291,12 +291,16 @@ def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
     return max(1, int(profile.kv_capacity_tokens // max(mean, 1.0)))
 
 
+#: What a service already running when a trace begins has seen of it: its first five minutes.
+WARM_START_S = 300.0
+
+
 def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slos) -> int:
     """Every autoscaler starts with the fleet the planner sizes for the busiest minute of the
     first five, as a service already running when the trace begins would be sized for the load
     it has just seen (starting cold at one pod would charge each policy for a ramp the trace
     never asked for)."""
-    first_minutes = [r for r in requests if r.arrival_s < 300.0]
+    first_minutes = [r for r in requests if r.arrival_s < WARM_START_S]
     if not first_minutes:
         return 1
     mix = LengthMix.of_requests(requests, profile.max_model_len)

@@ -18,7 +18,7 @@ from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
 from wok_operator.control import LawParams, decide, decide_sign_step
 from wok_operator.loop import Law, TickResult, control_tick, initial_state
-from wok_sim.plan import LengthMix, plan
+from wok_sim.plan import WARM_START_S, LengthMix, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 from wok_sim.report import Slos
@@ -51,7 +51,13 @@ class LawPolicy:
     fixed_batch: int | None = None
 
     def __init__(
-        self, name: str, law: Law, ctx: PolicyContext, *, pinned_batch: int | None = None
+        self,
+        name: str,
+        law: Law,
+        ctx: PolicyContext,
+        *,
+        pinned_batch: int | None = None,
+        prior: bool = True,
     ) -> None:
         self.spec = simulated_spec(ctx)
         self.name = name
@@ -61,6 +67,7 @@ class LawPolicy:
         params = LawParams.from_spec(self.spec, batch_mem=self.batch_mem(None))
         self.interval_s = float(self.spec.scaling.interval_seconds)
         self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
+        self.capacity_prior = capacity_prior(ctx) if prior else None
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
         self.state = replace(self.state, batch=self.pinned(self.state.batch, params.batch_cap))
 
@@ -88,6 +95,7 @@ class LawPolicy:
             batch_mem=self.batch_mem(view.signals.mean_sequence_tokens),
             now=view.now,
             law=self.law,
+            capacity_prior=self.capacity_prior,
         )
 
     def decide(self, view: FleetView) -> Action:
@@ -99,11 +107,30 @@ class LawPolicy:
         return Action(batch=self.state.batch, replicas=decision.replicas, reason=decision.reason)
 
 
+def capacity_prior(ctx: PolicyContext) -> float | None:
+    """μ's prior: `wok plan`'s QPS_max (B_opt / t_batch(B_opt) within the run's SLOs) for the mix
+    of the requests a running service had seen when the run begins (its first five minutes, as
+    the warm start reads them); None when no batch meets the SLOs for that mix."""
+    seen = [r for r in ctx.requests if r.arrival_s < WARM_START_S] or list(ctx.requests[:1])
+    if not seen:
+        return None
+    mix = LengthMix.of_requests(seen, ctx.profile.max_model_len)
+    try:
+        return plan(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)).qps_max
+    except ValueError:
+        return None
+
+
 def _wok(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok", decide, ctx)]
 
 
+def _no_prior(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("wok-no-prior", decide, ctx, prior=False)]
+
+
 register("wok", PolicyEntry(variants=_wok))
+register("wok-no-prior", PolicyEntry(variants=_no_prior, in_all=False))
 
 
 def plan_batch(ctx: PolicyContext) -> int:

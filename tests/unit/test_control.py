@@ -44,6 +44,7 @@ def law_params(draw: st.DrawFn) -> LawParams:
         scale_down_window_s=draw(st.sampled_from([0, 30, 120, 300])),
         slo_window_s=draw(st.sampled_from([10, 60, 120])),
         pod_start_s=draw(st.sampled_from([0, 30, 90, 180])),
+        capacity_prior=draw(st.one_of(st.none(), st.floats(1e-300, 100))),
     )
 
 
@@ -92,6 +93,7 @@ states = st.builds(
     last_replica_change=maybe_time,
     service_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
     service_rate_at=maybe_time,
+    capacity_source=st.sampled_from([None, "profile", "observed"]),
     proven_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
     proven_rate_at=maybe_time,
     learned_for=st.sampled_from([None, "", "another spec"]),
@@ -964,3 +966,89 @@ def test_rates_near_zero_never_overflow(state, params, finished, rejected, queue
     slow = replace(state, service_rate=finished or 5e-324, proven_rate=finished or 5e-324)
     d = decide(slow, o, params, 5000.0)
     assert params.replicas_floor <= d.replicas <= params.replicas_max
+
+
+@settings(max_examples=400, deadline=None)
+@given(state=states, obs=observations, params=law_params(), now=st.floats(1000, 2000))
+def test_no_scale_down_leaves_fewer_pods_than_arrivals_over_the_believed_capacity(
+    state, obs, params, now
+):
+    """Whatever μ the law believes (the profile's prior or a saturated pod's rate), a scale-down
+    never leaves fewer pods than serve today's arrivals at it, and it says where μ came from."""
+    d = decide(state, obs, params, now)
+    start = clipped(state.replicas, params.replicas_floor, params.replicas_max)
+    mu = d.state.service_rate
+    if d.metrics_missing or mu is None:
+        return
+    assert d.state.capacity_source in ("profile", "observed")
+    finished = obs.finished_per_s or 0.0
+    if d.replicas < start and mu >= 1e-6 and finished > 0:
+        arrivals = finished + (obs.rejected_per_s or 0.0)
+        need = math.ceil(min(arrivals / mu, params.replicas_max + 1.0) - 1e-9)
+        assert d.replicas >= min(need, start), d.reason
+
+
+def test_the_profile_prior_sizes_the_fleet_from_the_first_tick():
+    """Before any pod has saturated, the throughput term had no μ and the slots (a compute-bound
+    pod never fills them) asked for one pod. The profile's capacity is μ from the first tick."""
+    params = default_params(capacity_prior=8.0)
+    quiet = obs(0, running=10, ready=2, finished=40.0)
+    d = decide(LoopState(batch=200, replicas=2), quiet, params, 0)
+    # 40 req/s over 0.9 · 8 a pod: 6 pods; the slots alone say 1.
+    assert d.desired_replicas == 6, d.reason
+    assert (d.state.service_rate, d.state.capacity_source) == (8.0, "profile")
+    no_prior = decide(LoopState(batch=200, replicas=2), quiet, default_params(), 0)
+    assert no_prior.desired_replicas == 1 and no_prior.state.capacity_source is None
+
+
+def test_a_saturated_pod_corrects_the_prior_in_both_directions():
+    """The profile is a model: the first rate a saturated pod shows replaces it, lower or higher;
+    after that the best rate a saturated pod has shown stands, as before."""
+    params = default_params(scale_up_window_s=10)
+
+    def learn(prior: float, finished: float, state: LoopState | None = None) -> LoopState:
+        state = state or LoopState(batch=200, replicas=2)
+        for now in (0.0, 10.0):
+            o = obs(20, running=5, ready=2, finished=finished)
+            state = decide(state, o, replace(params, capacity_prior=prior), now).state
+        return state
+
+    low = learn(8.0, 10.0)  # 5 a pod, the prior said 8
+    assert (low.service_rate, low.capacity_source) == (5.0, "observed")
+    high = learn(2.0, 10.0)
+    assert (high.service_rate, high.capacity_source) == (5.0, "observed")
+    # Observed now: a lower saturated sample within the budget window is a partial window.
+    again = learn(8.0, 6.0, replace(low, saturated_since=None))
+    assert again.service_rate == 5.0
+
+
+def test_a_scale_down_keeps_the_pods_arrivals_need_at_the_believed_capacity():
+    """A flat long-output load near a pod's capacity: 3 pods serving 22 req/s, no pod saturated.
+    The slots asked for 2 pods, and the proven floor, which lets a pod be asked 1.25 × what it
+    has served, yielded after a budget window: two pods got 22 req/s and queued. With the
+    profile's 8.6 req/s a pod believed, arrivals / μ keeps 3 pods all along."""
+
+    def run(params: LawParams) -> list[int]:
+        state, fleet = LoopState(batch=256, replicas=3), []
+        for now in range(0, 8000, 5):
+            o = obs(0, running=100, ready=state.replicas, finished=22.0)
+            state = decide(state, o, params, now).state
+            fleet.append(state.replicas)
+        return fleet
+
+    base = default_params(scale_down_window_s=300)
+    assert set(run(replace(base, capacity_prior=8.6))) == {3}
+    assert run(base)[-1] == 2  # the proven floor's yield
+
+
+def test_with_a_believed_capacity_the_proven_floor_no_longer_holds_the_fleet():
+    """The proven floor (1.25 × the most a pod has served within its SLOs) stood in for a μ the
+    law did not have; a fleet that never ran hot then held pods for a budget window. With μ
+    believed, the throughput term alone bounds a scale-down."""
+    params = default_params(scale_down_window_s=300, capacity_prior=8.6)
+    state = LoopState(batch=256, replicas=3, proven_rate=3.0, proven_rate_at=0.0)
+    for now in range(0, 600, 5):
+        o = obs(0, running=40, ready=state.replicas, ttft=5.0, finished=12.0)
+        state = decide(state, o, params, now).state
+    # 12 req/s over 0.9 · 8.6: 2 pods; the proven floor (3 a pod) said 4.
+    assert state.replicas == 2
