@@ -507,6 +507,11 @@ class LoopMemory(ApiModel):
     queued_since: float | None = None
     breached_since: float | None = None
     budget_spent: bool = False
+    burst_at: float | None = Field(
+        default=None, description="When the traffic last outran the fleet the law asked for."
+    )
+    outrun_at: float | None = None
+    started_at: float | None = None
     tpot_pod_p99: float | None = None
     tpot_futile: bool = False
     floor_since: float | None = None

@@ -100,6 +100,9 @@ class LawParams:
     # Requests/s a pod serves within the SLOs for the observed mix, from the step profile (the
     # planner's QPS_max = B_opt / t_batch(B_opt)): μ until a saturated pod shows its own.
     capacity_prior: float | None = None
+    # Misses while the fleet is below what the law asked for are the law's, not the traffic's:
+    # they do not spend the error budget (False: every miss does, as the law did before).
+    forgive_own_misses: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
@@ -208,6 +211,9 @@ class LoopState:
     queued_since: float | None = None  # since when requests have queued past Q* at every tick
     breached_since: float | None = None  # since when P99 TTFT has been above its SLO at every tick
     budget_spent: bool = False  # the error budget ran out, and half of it is not back yet
+    burst_at: float | None = None  # when the traffic last outran the fleet the law asked for
+    outrun_at: float | None = None  # when demand last asked for more than a fleet in place
+    started_at: float | None = None  # the law's first tick (a warm start is not the law's fleet)
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,8 @@ class _Facts:
     # The error budget, and the utilization it sets.
     budget_spent: bool
     budget_recovering: bool
+    burst_at: float | None  # the traffic last outran the fleet the law had asked for
+    in_place: bool  # every pod the law asked for serves, and has for a pod start and a window
     utilization: float
     # The TPOT pod: whether one more pod may still lower a TPOT breach.
     pods_left: bool  # none found futile yet, and the fleet below its most
@@ -370,7 +378,11 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
-    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
+    slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
+    in_place = _fleet_in_place(state, obs, p, now)
+    burst_at = _burst_at(state, p, slo_breached=slo_breached, in_place=in_place, now=now)
+    burst = burst_at is not None and now - burst_at < p.budget_window_s
+    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p, burst=burst)
     # A TPOT breach comes from load: one more pod may fix it. If that pod, once it could show,
     # did not lower the P99, no pod will (the breach is reported, not chased).
     tpot_pod_p99, tpot_futile = (
@@ -387,7 +399,7 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         cap_binds=cap_binds,
         ttft_breached=ttft_breached,
         tpot_breached=tpot_breached,
-        slo_breached=ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s),
+        slo_breached=slo_breached,
         kv_full=_above(obs.kv_usage, p.kv_usage_ceiling),
         recently_lowered=recently_lowered,
         settled=settled,
@@ -400,6 +412,8 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         saturated=saturated,
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
+        burst_at=burst_at,
+        in_place=in_place,
         utilization=p.utilization(budget_spent=budget_spent),
         pods_left=not state.tpot_futile and state.replicas < p.replicas_max,
         tpot_pod_p99=tpot_pod_p99,
@@ -571,13 +585,50 @@ def _proven(
     return rate, at, _pods(arrivals / (PROBE_GROWTH * rate), p)
 
 
-def _error_budget(was_spent: bool, obs: Observation, p: LawParams) -> tuple[bool, bool]:
+def _fleet_in_place(state: LoopState, obs: Observation, p: LawParams, now: float) -> bool:
+    """Every pod the law asked for is ready, none starting, and the law has had a pod start and
+    an SLO window since its first tick and its last replica change: misses before that (pods
+    still starting, a warm start too small, the law's own scale-down, which a pod start would
+    undo) are the law's, and say nothing of the traffic."""
+    settled_for = p.pod_start_s + p.slo_window_s
+    return (
+        obs.ready_replicas >= p.clip_replicas(state.replicas)
+        and not obs.pending_replicas
+        and not obs.stalled_replicas
+        and state.started_at is not None
+        and now - state.started_at >= settled_for
+        and _quiet_since(state.last_replica_change, now, settled_for)
+    )
+
+
+def _burst_at(
+    state: LoopState, p: LawParams, *, slo_breached: bool, in_place: bool, now: float
+) -> float | None:
+    """When the traffic last outran the fleet the law had asked for: a windowed P99 above its SLO
+    with that fleet in place, or within a pod start (and the windows that show it) of demand
+    outgrowing it. Without `forgive_own_misses` every breach counts."""
+    outran = state.outrun_at is not None and now - state.outrun_at < (
+        p.pod_start_s + p.slo_window_s + p.scale_up_window_s
+    )
+    if slo_breached and (in_place or outran or not p.forgive_own_misses):
+        return now
+    return state.burst_at
+
+
+def _error_budget(
+    was_spent: bool, obs: Observation, p: LawParams, *, burst: bool
+) -> tuple[bool, bool]:
     """Whether the error budget is spent, and whether only because half of it is not back yet.
-    Hysteresis: spent once a P99 over the budget window breaks its SLO (over 1 % of requests
-    missed), kept again only once every P99.5 is within its SLO (half the budget left). Without
+    Spent once a P99 over the budget window breaks its SLO (over 1 % of requests missed) and the
+    traffic has outrun the fleet the law asked for within that window (`burst`: the misses are
+    the traffic's, and will come again); a budget the law's own shortfall broke is not spent.
+    Hysteresis: kept again only once every P99.5 is within its SLO (half the budget left), or
+    once the last burst is a budget window old (the headroom decays with its evidence). Without
     the margin ρ flips back to the target with no budget left for the next burst, and a burst
     caught at that ρ spends it many times over. A budget window without a request (no P99.5 at
     all) missed nothing: an idle service gets its budget back."""
+    if not burst:
+        return False, False
     if (
         _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
         or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
@@ -607,6 +658,8 @@ def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]
         proven_rate=None,
         proven_rate_at=None,
         budget_spent=False,
+        burst_at=None,
+        outrun_at=None,
         tpot_pod_p99=None,
         tpot_futile=False,
         floor_since=None,
@@ -753,6 +806,9 @@ def _replica_rule(
         queued_since=f.queued_since,
         breached_since=f.breached_since,
         budget_spent=f.budget_spent,
+        burst_at=f.burst_at,
+        outrun_at=now if new_replicas > replicas and f.in_place else state.outrun_at,
+        started_at=_since(state.started_at, now),
         tpot_pod_p99=tpot_pod_p99,
         tpot_futile=f.tpot_futile,
         floor_since=floor_since,

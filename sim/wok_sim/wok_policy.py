@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from wok_contracts.signals import Observation
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
-from wok_operator.control import LawParams, decide, decide_sign_step
+from wok_operator.control import Decision, LawParams, LoopState, decide, decide_sign_step
 from wok_operator.loop import Law, TickResult, control_tick, initial_state
 from wok_sim.plan import WARM_START_S, LengthMix, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
@@ -129,8 +130,18 @@ def _no_prior(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok-no-prior", decide, ctx, prior=False)]
 
 
+def _blame_all(ctx: PolicyContext) -> list[Policy]:
+    """The law with every miss spending the error budget, its own shortfall's included."""
+
+    def law(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
+        return decide(state, obs, replace(params, forgive_own_misses=False), now)
+
+    return [LawPolicy("wok-blame-all", law, ctx)]
+
+
 register("wok", PolicyEntry(variants=_wok))
 register("wok-no-prior", PolicyEntry(variants=_no_prior, in_all=False))
+register("wok-blame-all", PolicyEntry(variants=_blame_all, in_all=False))
 
 
 def plan_batch(ctx: PolicyContext) -> int:

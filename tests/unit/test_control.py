@@ -104,6 +104,9 @@ states = st.builds(
     tpot_pod_p99=st.one_of(st.none(), st.floats(0, 2)),
     tpot_futile=st.booleans(),
     floor_since=maybe_time,
+    burst_at=maybe_time,
+    outrun_at=maybe_time,
+    started_at=maybe_time,
 )
 
 
@@ -708,7 +711,8 @@ def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     traffic outran the fleet within a pod start, and will again."""
     params = default_params()  # the spec's defaults, up to 32 replicas
     assert (params.target_utilization, params.breached_utilization) == (0.9, 0.6)
-    state = LoopState(batch=200, replicas=6, service_rate=10.0)
+    # A burst outran the fleet the law had asked for within the hour: the misses are the traffic's.
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, burst_at=50.0)
     steady = six_pods_serving_54_per_s
 
     # 54 req/s at 10 a pod: 5.4 pods of work → 6 at ρ 0.9, 9 at ρ 0.6.
@@ -735,7 +739,7 @@ def test_a_spent_error_budget_keeps_its_headroom_until_half_the_budget_is_back()
     next burst: on the code trace at breachedUtilization 0.55 the fleet ran at ρ 0.9 from minute
     35, shrank to 2 pods and missed 414 requests in the last minute's burst."""
     params = default_params()
-    fresh = LoopState(batch=200, replicas=6, service_rate=10.0)
+    fresh = LoopState(batch=200, replicas=6, service_rate=10.0, burst_at=50.0)
     spent = replace(fresh, budget_spent=True)
 
     def steady(p99: float, p995: float | None) -> Observation:
@@ -912,7 +916,9 @@ def test_the_learnt_state_resets_when_the_model_gpu_or_slos_change():
     more = spec.model_copy(update={"scaling": spec.scaling.model_copy(update={"max_replicas": 9})})
     assert LawParams.from_spec(more, batch_mem=200).learned_key == key
     params = LawParams(**{**default_params().__dict__, "learned_key": key})
-    learnt = LoopState(batch=200, replicas=4, service_rate=9.0, proven_rate=9.0, budget_spent=True)
+    learnt = LoopState(
+        batch=200, replicas=4, service_rate=9.0, proven_rate=9.0, budget_spent=True, burst_at=0.0
+    )
     # Half the budget is not back yet (a P99.5 over the budget window breaks the TTFT SLO).
     quiet = replace(obs(0, running=2, ready=4), budget_p995_ttft_seconds=3.0)
     kept = decide(replace(learnt, learned_for=key), quiet, params, 0).state
@@ -1052,3 +1058,65 @@ def test_with_a_believed_capacity_the_proven_floor_no_longer_holds_the_fleet():
         state = decide(state, o, params, now).state
     # 12 req/s over 0.9 · 8.6: 2 pods; the proven floor (3 a pod) said 4.
     assert state.replicas == 2
+
+
+def _breaching(*, ready: int = 6, pending: int = 0, ttft: float = 3.0) -> Observation:
+    """6 pods' 54 req/s with the windowed P99 TTFT at `ttft` and the hour's P99 past its SLO."""
+    return replace(
+        six_pods_serving_54_per_s(budget_p99_ttft_seconds=2.5, budget_p995_ttft_seconds=3.0),
+        ready_replicas=ready,
+        pending_replicas=pending,
+        p99_ttft_seconds=ttft,
+    )
+
+
+def test_misses_the_law_caused_do_not_spend_the_error_budget():
+    """One miss set the price of an hour: the misses of a warm start too small, of pods still
+    starting or of the law's own scale-down spent the budget, and ρ 0.6 held twice the pods the
+    load needed. Only a breach with every pod the law asked for in place, settled for a pod
+    start and an SLO window (90 + 60 s), says the traffic outran the fleet."""
+    params = default_params()  # 90 s pod start, 60 s SLO window, an hour's budget
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
+
+    def spent(st: LoopState, o: Observation, now: float, p: LawParams = params) -> bool:
+        return decide(st, o, p, now).budget_spent
+
+    assert not spent(state, _breaching(), 145)  # the warm start's first pod start and window
+    assert spent(state, _breaching(), 155)
+    assert not spent(state, _breaching(ready=4, pending=2), 1000)  # pods still starting
+    assert not spent(replace(state, replicas=8), _breaching(), 1000)  # asked for, not ready
+    after_down = replace(state, last_replica_change=860.0)
+    assert not spent(after_down, _breaching(), 1000)  # its own scale-down, 140 s ago
+    assert spent(after_down, _breaching(), 1015)
+    # A budget the law's misses broke, with no breach now: not spent.
+    assert not spent(state, _breaching(ttft=0.5), 1000)
+    # The old budget: every miss spends it.
+    blame_all = replace(params, forgive_own_misses=False)
+    assert spent(state, _breaching(ready=4, pending=2), 1000, blame_all)
+
+
+def test_burst_headroom_decays_with_its_evidence():
+    """Headroom follows the last burst: a budget window after it, the budget is back even while
+    the hour's P99.5 is still past its SLO."""
+    params = default_params()
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
+    d = decide(state, _breaching(), params, 1000)
+    assert d.budget_spent and d.state.burst_at == 1000
+    quiet = _breaching(ttft=0.5)
+    assert decide(d.state, quiet, params, 1000 + 3590).budget_spent
+    assert not decide(d.state, quiet, params, 1000 + 3610).budget_spent
+
+
+def test_a_breach_within_a_pod_start_of_demand_outgrowing_the_fleet_is_a_burst():
+    """A burst asks for pods at once: the breach it causes shows while they start. Demand that
+    outgrew a fleet in place makes the next pod start's misses the traffic's."""
+    params = default_params(scale_up_window_s=10)
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
+    hot = replace(six_pods_serving_54_per_s(), finished_per_s=90.0)
+    for now in (1000, 1010):
+        d = decide(state, hot, params, now)
+        state = d.state
+    assert d.replicas > 6 and state.outrun_at == 1010
+    starting = _breaching(pending=d.replicas - 6)
+    assert decide(state, starting, params, 1010 + 155).budget_spent  # 90 + 60 + 10 s
+    assert not decide(state, starting, params, 1010 + 165).budget_spent
