@@ -512,6 +512,10 @@ class LoopMemory(ApiModel):
     )
     outrun_at: float | None = None
     started_at: float | None = None
+    batch_sla: int | None = Field(
+        default=None,
+        description="B_SLA: the largest batch the step profile predicts keeps TPOT in its SLO.",
+    )
     tpot_pod_p99: float | None = None
     tpot_futile: bool = False
     floor_since: float | None = None

@@ -100,6 +100,9 @@ class LawParams:
     # Requests/s a pod serves within the SLOs for the observed mix, from the step profile (the
     # planner's QPS_max = B_opt / t_batch(B_opt)): μ until a saturated pod shows its own.
     capacity_prior: float | None = None
+    # B_SLA: the largest batch whose predicted step time for the observed mix keeps TPOT within
+    # its SLO (the step profile's); part of the batch cap (None: unknown, no limit).
+    batch_sla: int | None = None
     # Misses while the fleet is below what the law asked for are the law's, not the traffic's:
     # they do not spend the error budget (False: every miss does, as the law did before).
     forgive_own_misses: bool = True
@@ -115,12 +118,19 @@ class LawParams:
             raise ValueError("target_utilization must be in (0, 1]")
         if self.breached_utilization is not None and not 0 < self.breached_utilization <= 1:
             raise ValueError("breached_utilization must be in (0, 1]")
+        if self.batch_sla is not None and self.batch_sla < 1:
+            raise ValueError("batch_sla must be >= 1")
         if self.capacity_prior is not None and not self.capacity_prior > 0:
             raise ValueError("capacity_prior must be > 0 requests/s")
 
     @classmethod
     def from_spec(
-        cls, spec: InferenceServiceSpec, *, batch_mem: int, capacity_prior: float | None = None
+        cls,
+        spec: InferenceServiceSpec,
+        *,
+        batch_mem: int,
+        capacity_prior: float | None = None,
+        batch_sla: int | None = None,
     ) -> LawParams:
         b, s, slo = spec.batching, spec.scaling, spec.slo
         # An external owner (kubectl scale, an HPA, KEDA) pins the count: the law then cannot
@@ -149,6 +159,7 @@ class LawParams:
             budget_window_s=slo.budget_window_seconds,
             learned_key=learned_key(spec),
             capacity_prior=capacity_prior,
+            batch_sla=batch_sla,
         )
 
     def utilization(self, *, budget_spent: bool) -> float:
@@ -159,8 +170,10 @@ class LawParams:
 
     @property
     def batch_cap(self) -> int:
-        """min(B_max, B_mem): the memory budget always wins."""
-        return max(1, min(self.batch_max, self.batch_mem))
+        """min(B_max, B_mem, B_SLA): the memory budget always wins; a batch past B_SLA breaks TPOT
+        by the profile's own prediction."""
+        sla = self.batch_max if self.batch_sla is None else self.batch_sla
+        return max(1, min(self.batch_max, self.batch_mem, sla))
 
     @property
     def batch_floor(self) -> int:
@@ -214,6 +227,7 @@ class LoopState:
     burst_at: float | None = None  # when the traffic last outran the fleet the law asked for
     outrun_at: float | None = None  # when demand last asked for more than a fleet in place
     started_at: float | None = None  # the law's first tick (a warm start is not the law's fleet)
+    batch_sla: int | None = None  # B_SLA in force at the last tick (shown in status)
 
 
 @dataclass(frozen=True)
@@ -869,6 +883,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         batch_direction=step.direction,
         batch_run=step.run,
         last_batch_decrease=now if step.batch < batch else state.last_batch_decrease,
+        batch_sla=p.batch_sla,
     )
     return Decision(
         batch_before=state.batch,

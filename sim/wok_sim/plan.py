@@ -206,6 +206,15 @@ def batch_limit(profile: StepProfile, mix: LengthMix, slos: Slos) -> int:
     return max(1, _largest(1, top, lambda b: batch_point(profile, mix, b, slos).fits))
 
 
+def batch_sla(profile: StepProfile, mix: LengthMix, slos: Slos) -> int:
+    """B_SLA: the largest batch whose predicted step time (the mean TPOT) for the mix is within
+    the TPOT SLO and whose steady state fits (0: not even one sequence). The step, not the
+    predicted P99: prompts landing in a step spread a short answer's TPOT, and a cap sized to
+    that spread starves a prefill-bound pod of the batch it serves well."""
+    top = batch_limit(profile, mix, slos)
+    return _largest(1, top, lambda b: batch_point(profile, mix, b, slos).step_s <= slos.tpot_s)
+
+
 def replica_capacity(profile: StepProfile, mix: LengthMix, batch: int, slos: Slos) -> float:
     """Requests per second one replica serves running `batch` sequences (or as many as fit)."""
     b = min(batch, batch_limit(profile, mix, slos))

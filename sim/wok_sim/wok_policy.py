@@ -19,7 +19,7 @@ from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
 from wok_operator.control import Decision, LawParams, LoopState, decide, decide_sign_step
 from wok_operator.loop import Law, TickResult, control_tick, initial_state
-from wok_sim.plan import WARM_START_S, LengthMix, plan
+from wok_sim.plan import WARM_START_S, LengthMix, batch_sla, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 from wok_sim.report import Slos
@@ -59,6 +59,7 @@ class LawPolicy:
         *,
         pinned_batch: int | None = None,
         prior: bool = True,
+        sla: bool = True,
     ) -> None:
         self.spec = simulated_spec(ctx)
         self.name = name
@@ -69,6 +70,7 @@ class LawPolicy:
         self.interval_s = float(self.spec.scaling.interval_seconds)
         self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
         self.capacity_prior = capacity_prior(ctx) if prior else None
+        self.batch_sla = batch_sla_of(ctx) if sla else None
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
         self.state = replace(self.state, batch=self.pinned(self.state.batch, params.batch_cap))
 
@@ -97,6 +99,7 @@ class LawPolicy:
             now=view.now,
             law=self.law,
             capacity_prior=self.capacity_prior,
+            batch_sla=self.batch_sla,
         )
 
     def decide(self, view: FleetView) -> Action:
@@ -108,18 +111,32 @@ class LawPolicy:
         return Action(batch=self.state.batch, replicas=decision.replicas, reason=decision.reason)
 
 
-def capacity_prior(ctx: PolicyContext) -> float | None:
-    """μ's prior: `wok plan`'s QPS_max (B_opt / t_batch(B_opt) within the run's SLOs) for the mix
-    of the requests a running service had seen when the run begins (its first five minutes, as
-    the warm start reads them); None when no batch meets the SLOs for that mix."""
+def seen_mix(ctx: PolicyContext) -> LengthMix | None:
+    """The length mix a running service had seen when the run begins: its first five minutes,
+    as the warm start reads them (None: no request)."""
     seen = [r for r in ctx.requests if r.arrival_s < WARM_START_S] or list(ctx.requests[:1])
-    if not seen:
+    return LengthMix.of_requests(seen, ctx.profile.max_model_len) if seen else None
+
+
+def capacity_prior(ctx: PolicyContext) -> float | None:
+    """μ's prior: `wok plan`'s QPS_max (B_opt / t_batch(B_opt) within the run's SLOs) for the
+    seen mix; None when no batch meets the SLOs for it."""
+    mix = seen_mix(ctx)
+    if mix is None:
         return None
-    mix = LengthMix.of_requests(seen, ctx.profile.max_model_len)
     try:
         return plan(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)).qps_max
     except ValueError:
         return None
+
+
+def batch_sla_of(ctx: PolicyContext) -> int | None:
+    """B_SLA for the seen mix and the run's SLOs (None: no mix, or not even one sequence)."""
+    mix = seen_mix(ctx)
+    if mix is None:
+        return None
+    sla = batch_sla(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s))
+    return sla if sla >= 1 else None
 
 
 def _wok(ctx: PolicyContext) -> list[Policy]:
@@ -128,6 +145,10 @@ def _wok(ctx: PolicyContext) -> list[Policy]:
 
 def _no_prior(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok-no-prior", decide, ctx, prior=False)]
+
+
+def _no_sla(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("wok-no-sla", decide, ctx, sla=False)]
 
 
 def _blame_all(ctx: PolicyContext) -> list[Policy]:
@@ -142,6 +163,7 @@ def _blame_all(ctx: PolicyContext) -> list[Policy]:
 register("wok", PolicyEntry(variants=_wok))
 register("wok-no-prior", PolicyEntry(variants=_no_prior, in_all=False))
 register("wok-blame-all", PolicyEntry(variants=_blame_all, in_all=False))
+register("wok-no-sla", PolicyEntry(variants=_no_sla, in_all=False))
 
 
 def plan_batch(ctx: PolicyContext) -> int:
@@ -155,7 +177,7 @@ def plan_batch(ctx: PolicyContext) -> int:
 
 
 def _frozen_cap(ctx: PolicyContext) -> list[Policy]:
-    return [LawPolicy("wok-frozen-cap", decide, ctx, pinned_batch=1 << 30)]
+    return [LawPolicy("wok-frozen-cap", decide, ctx, pinned_batch=1 << 30, sla=False)]
 
 
 def _frozen_plan(ctx: PolicyContext) -> list[Policy]:

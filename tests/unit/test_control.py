@@ -45,6 +45,7 @@ def law_params(draw: st.DrawFn) -> LawParams:
         slo_window_s=draw(st.sampled_from([10, 60, 120])),
         pod_start_s=draw(st.sampled_from([0, 30, 90, 180])),
         capacity_prior=draw(st.one_of(st.none(), st.floats(1e-300, 100))),
+        batch_sla=draw(st.one_of(st.none(), st.integers(1, 300))),
     )
 
 
@@ -1120,3 +1121,16 @@ def test_a_breach_within_a_pod_start_of_demand_outgrowing_the_fleet_is_a_burst()
     starting = _breaching(pending=d.replicas - 6)
     assert decide(state, starting, params, 1010 + 155).budget_spent  # 90 + 60 + 10 s
     assert not decide(state, starting, params, 1010 + 165).budget_spent
+
+
+def test_b_sla_caps_the_batch_and_the_slots_a_pod_offers():
+    """Where TPOT binds, a batch past B_SLA breaks it by the profile's own prediction: the cap is
+    min(B_max, B_mem, B_SLA), the batch rests there, and the slots term sizes pods at it."""
+    params = default_params(batch_sla=40)  # B_max 256, B_mem 200
+    assert params.batch_cap == 40
+    d = decide(LoopState(batch=32, replicas=1), obs(0, running=30, ready=1), params, 0)
+    assert d.batch == 40 and d.state.batch_sla == 40
+    busy = decide(LoopState(batch=40, replicas=1), obs(0, running=150, ready=1), params, 0)
+    # 150 sequences over 0.9 · 40 a pod: 5 pods (at the memory cap, 1).
+    assert busy.desired_replicas == 5, busy.reason
+    assert default_params(batch_sla=400).batch_cap == 200

@@ -53,3 +53,19 @@ def test_the_law_believes_the_planners_capacity_until_a_pod_saturates() -> None:
     expected = plan(PROFILE, mix, Slos(2.0, 0.1, None)).qps_max
     assert law.capacity_prior == expected > 0  # type: ignore[attr-defined]
     assert bare.capacity_prior is None  # type: ignore[attr-defined]
+
+
+def test_b_sla_is_the_largest_batch_whose_predicted_step_meets_the_tpot_slo() -> None:
+    from wok_sim.plan import LengthMix, batch_point, batch_sla
+    from wok_sim.report import Slos
+
+    mix = LengthMix.of_means(2048, 32)
+    slos = Slos(2.0, 0.05, None)
+    b = batch_sla(PROFILE, mix, slos)
+    assert batch_point(PROFILE, mix, b, slos).step_s <= 0.05
+    assert batch_point(PROFILE, mix, b + 1, slos).step_s > 0.05
+    law = load_registry()["wok"].variants(CTX)[0]
+    assert law.batch_sla == batch_sla(  # type: ignore[attr-defined]
+        PROFILE, LengthMix.of_requests(REQUESTS, PROFILE.max_model_len), Slos(2.0, 0.1, None)
+    )
+    assert load_registry()["wok-no-sla"].variants(CTX)[0].batch_sla is None  # type: ignore[attr-defined]
