@@ -6,10 +6,10 @@ comparison. A tick is two rules, each a pure function (`_batch_rule`, `_replica_
 set of facts computed once from the round and the law's memory (`_facts`: breaches, windows,
 saturation, the error budget, the TPOT pod); a round with a missing series holds both knobs.
 
-The batch rests at its cap, min(B_max, B_mem), with the clipped sign-step as its guard:
+The batch rests at its cap, min(B_max, B_mem, B_SLA), with the clipped sign-step as its guard:
 
-    B ← min(B_max, B_mem)                              while TPOT is within its SLO
-    B ← clip(B − η, B_min, min(B_max, B_mem))          on a P99 TPOT breach at the cap that
+    B ← min(B_max, B_mem, B_SLA)                       while TPOT is within its SLO
+    B ← clip(B − η, B_min, cap)                        on a P99 TPOT breach at the cap that
                                                        pods did not fix, once per SLO window
 
 A batch below its cap only queues what a pod could run (the ablations in docs/control-law.md
