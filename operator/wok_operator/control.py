@@ -516,15 +516,19 @@ def _believed_rate(
 ) -> tuple[float | None, float | None, str | None]:
     """μ, when it was learnt and where it came from. The profile's prior holds from the first
     tick until a saturated pod shows its rate, which replaces it whether higher or lower (the
-    model is a model); after that the best rate a saturated pod has shown, until it is a budget
+    model is a model), or pods serve more within the SLOs than it says; after that the best rate
+    a saturated pod has shown, until it is a budget
     window old. A state from before the prior (a rate without a source) was observed."""
     observed = state.service_rate is not None and state.capacity_source != "profile"
     if not observed:
-        rate, at = p.capacity_prior, None
-        source = None if rate is None else "profile"
         if sample is not None:
             return sample, now, "observed"
-        return rate, at, source
+        rate, at = p.capacity_prior, None
+        if rate is not None and _known(state.proven_rate) and state.proven_rate > rate:  # type: ignore[operator]
+            # Pods have served more within the SLOs than the model says they can: a pod that
+            # never saturates would otherwise never correct a prior that reads low.
+            return state.proven_rate, state.proven_rate_at, "observed"
+        return rate, at, None if rate is None else "profile"
     rate, at = state.service_rate, state.service_rate_at
     if sample is not None and _fresher(rate, at, sample, p, now):
         return sample, now, "observed"

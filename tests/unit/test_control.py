@@ -1134,3 +1134,15 @@ def test_b_sla_caps_the_batch_and_the_slots_a_pod_offers():
     # 150 sequences over 0.9 · 40 a pod: 5 pods (at the memory cap, 1).
     assert busy.desired_replicas == 5, busy.reason
     assert default_params(batch_sla=400).batch_cap == 200
+
+
+def test_pods_that_serve_more_within_the_slos_than_the_prior_correct_it_upward():
+    """A prior that reads low sizes a fleet that never saturates, so no saturated pod would ever
+    correct it: the most a pod has served within its SLOs, once above the prior, is μ."""
+    params = default_params(capacity_prior=4.0)
+    state = LoopState(batch=200, replicas=2, proven_rate=6.0, proven_rate_at=0.0)
+    d = decide(state, obs(0, running=10, ready=2, finished=12.0), params, 10)
+    assert (d.state.service_rate, d.state.capacity_source) == (6.0, "observed")
+    below = replace(state, proven_rate=3.0)
+    d = decide(below, obs(0, running=10, ready=2, finished=2.0), params, 10)
+    assert (d.state.service_rate, d.state.capacity_source) == (4.0, "profile")
