@@ -45,7 +45,7 @@ POLICIES: dict[str, str] = {
     "wok-no-prior": "the law without the step profile's μ prior (an ablation; not in `all`)",
     "wok-blame-all": "the law with every SLO breach counted as a burst, its own shortfall's "
     "included (an ablation; not in `all`)",
-    "wok-no-sla": "the law without B_SLA in its batch cap (an ablation; not in `all`)",
+    "wok-sla": "the law with B_SLA in its batch cap (an experiment; not in `all`)",
     "wok-step-budget": "the law, plus a rule on the step token budget pushed to every pod: "
     "halved on a TPOT breach before the batch may step down, doubled on a TTFT breach with TPOT "
     "slack, in [256, the profile's step_token_budget], from 2048 (an experiment; not in `all`)",

@@ -64,8 +64,8 @@ def test_b_sla_is_the_largest_batch_whose_predicted_step_meets_the_tpot_slo() ->
     b = batch_sla(PROFILE, mix, slos)
     assert batch_point(PROFILE, mix, b, slos).step_s <= 0.05
     assert batch_point(PROFILE, mix, b + 1, slos).step_s > 0.05
-    law = load_registry()["wok"].variants(CTX)[0]
+    law = load_registry()["wok-sla"].variants(CTX)[0]
     assert law.batch_sla == batch_sla(  # type: ignore[attr-defined]
         PROFILE, LengthMix.of_requests(REQUESTS, PROFILE.max_model_len), Slos(2.0, 0.1, None)
     )
-    assert load_registry()["wok-no-sla"].variants(CTX)[0].batch_sla is None  # type: ignore[attr-defined]
+    assert load_registry()["wok"].variants(CTX)[0].batch_sla is None  # type: ignore[attr-defined]
