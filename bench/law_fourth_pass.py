@@ -26,7 +26,8 @@ RUNS = (
     ("law_budget", "rule 2: the budget forgives (wok) vs every breach a burst", "ecd334a"),
     ("law_bsla_tight_conv_mooncake", "rule 3: B_SLA in the cap (wok) vs none", "fd33380"),
     ("law_bsla_tight_code", "rule 3: B_SLA in the cap (wok) vs none", "fd33380"),
-    ("law_final", "the three rules, the proven floor kept", "7448fd8"),
+    ("law_final", "the three rules, the proven floor kept (B_SLA in the cap)", "7448fd8"),
+    ("law_default", "the default law: the prior, the forgiving budget, no B_SLA", "5e3ac1f"),
 )
 
 
