@@ -28,6 +28,7 @@ RUNS = (
     ("law_bsla_tight_code", "rule 3: B_SLA in the cap (wok) vs none", "fd33380"),
     ("law_final", "the three rules, the proven floor kept (B_SLA in the cap)", "7448fd8"),
     ("law_default", "the default law: the prior, the forgiving budget, no B_SLA", "5e3ac1f"),
+    ("law_budget_code", "rule 2 on the code trace, loose: forgiving (wok) vs not", "08c6aef"),
 )
 
 

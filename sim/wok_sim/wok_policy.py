@@ -153,18 +153,18 @@ def _sla(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok-sla", decide, ctx, sla=True)]
 
 
-def _blame_all(ctx: PolicyContext) -> list[Policy]:
-    """The law with every miss spending the error budget, its own shortfall's included."""
+def _forgive(ctx: PolicyContext) -> list[Policy]:
+    """The law whose own shortfall's misses do not spend the error budget."""
 
     def law(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
-        return decide(state, obs, replace(params, forgive_own_misses=False), now)
+        return decide(state, obs, replace(params, forgive_own_misses=True), now)
 
-    return [LawPolicy("wok-blame-all", law, ctx)]
+    return [LawPolicy("wok-forgive", law, ctx)]
 
 
 register("wok", PolicyEntry(variants=_wok))
 register("wok-no-prior", PolicyEntry(variants=_no_prior, in_all=False))
-register("wok-blame-all", PolicyEntry(variants=_blame_all, in_all=False))
+register("wok-forgive", PolicyEntry(variants=_forgive, in_all=False))
 register("wok-sla", PolicyEntry(variants=_sla, in_all=False))
 
 

@@ -46,6 +46,7 @@ def law_params(draw: st.DrawFn) -> LawParams:
         pod_start_s=draw(st.sampled_from([0, 30, 90, 180])),
         capacity_prior=draw(st.one_of(st.none(), st.floats(1e-300, 100))),
         batch_sla=draw(st.one_of(st.none(), st.integers(1, 300))),
+        forgive_own_misses=draw(st.booleans()),
     )
 
 
@@ -1076,7 +1077,8 @@ def test_misses_the_law_caused_do_not_spend_the_error_budget():
     starting or of the law's own scale-down spent the budget, and ρ 0.6 held twice the pods the
     load needed. Only a breach with every pod the law asked for in place, settled for a pod
     start and an SLO window (90 + 60 s), says the traffic outran the fleet."""
-    params = default_params()  # 90 s pod start, 60 s SLO window, an hour's budget
+    # 90 s pod start, 60 s SLO window, an hour's budget
+    params = default_params(forgive_own_misses=True)
     state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
 
     def spent(st: LoopState, o: Observation, now: float, p: LawParams = params) -> bool:
@@ -1099,7 +1101,7 @@ def test_misses_the_law_caused_do_not_spend_the_error_budget():
 def test_burst_headroom_decays_with_its_evidence():
     """Headroom follows the last burst: a budget window after it, the budget is back even while
     the hour's P99.5 is still past its SLO."""
-    params = default_params()
+    params = default_params(forgive_own_misses=True)
     state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
     d = decide(state, _breaching(), params, 1000)
     assert d.budget_spent and d.state.burst_at == 1000
@@ -1111,7 +1113,7 @@ def test_burst_headroom_decays_with_its_evidence():
 def test_a_breach_within_a_pod_start_of_demand_outgrowing_the_fleet_is_a_burst():
     """A burst asks for pods at once: the breach it causes shows while they start. Demand that
     outgrew a fleet in place makes the next pod start's misses the traffic's."""
-    params = default_params(scale_up_window_s=10)
+    params = default_params(scale_up_window_s=10, forgive_own_misses=True)
     state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
     hot = replace(six_pods_serving_54_per_s(), finished_per_s=90.0)
     for now in (1000, 1010):
