@@ -619,8 +619,14 @@ class LoopMemory(ApiModel):
     down_target: int | None = None
     last_scale_up: float | None = None
     last_replica_change: float | None = None
-    service_rate: float | None = None
+    service_rate: float | None = Field(
+        default=None, description="Requests/s the law believes a pod serves (μ)."
+    )
     service_rate_at: float | None = None
+    capacity_source: Literal["profile", "observed"] | None = Field(
+        default=None,
+        description="Where μ came from: the step profile's prior, or a saturated pod's rate.",
+    )
     proven_rate: float | None = None
     proven_rate_at: float | None = None
     learned_for: str | None = Field(
@@ -630,6 +636,15 @@ class LoopMemory(ApiModel):
     queued_since: float | None = None
     breached_since: float | None = None
     budget_spent: bool = False
+    burst_at: float | None = Field(
+        default=None, description="When the traffic last outran the fleet the law asked for."
+    )
+    outrun_at: float | None = None
+    started_at: float | None = None
+    batch_sla: int | None = Field(
+        default=None,
+        description="B_SLA: the largest batch the step profile predicts keeps TPOT in its SLO.",
+    )
     tpot_pod_p99: float | None = None
     tpot_futile: bool = False
     floor_since: float | None = None

@@ -6,10 +6,10 @@ comparison. A tick is two rules, each a pure function (`_batch_rule`, `_replica_
 set of facts computed once from the round and the law's memory (`_facts`: breaches, windows,
 saturation, the error budget, the TPOT pod); a round with a missing series holds both knobs.
 
-The batch rests at its cap, min(B_max, B_mem), with the clipped sign-step as its guard:
+The batch rests at its cap, min(B_max, B_mem, B_SLA), with the clipped sign-step as its guard:
 
-    B ← min(B_max, B_mem)                              while TPOT is within its SLO
-    B ← clip(B − η, B_min, min(B_max, B_mem))          on a P99 TPOT breach at the cap that
+    B ← min(B_max, B_mem, B_SLA)                       while TPOT is within its SLO
+    B ← clip(B − η, B_min, cap)                        on a P99 TPOT breach at the cap that
                                                        pods did not fix, once per SLO window
 
 A batch below its cap only queues what a pod could run (the ablations in docs/control-law.md
@@ -97,6 +97,17 @@ class LawParams:
     breached_utilization: float | None = None  # ρ while the budget is spent (None: the same)
     budget_window_s: float = 3600.0  # the error budget's window: what the law learnt ages over it
     learned_key: str = ""  # `learned_key(spec)`: the learned rates hold for this spec only
+    # Requests/s a pod serves within the SLOs for the observed mix, from the step profile (the
+    # planner's QPS_max = B_opt / t_batch(B_opt)): μ until a saturated pod shows its own.
+    capacity_prior: float | None = None
+    # B_SLA: the largest batch whose predicted step time for the observed mix keeps TPOT within
+    # its SLO (the step profile's); part of the batch cap (None: unknown, no limit).
+    batch_sla: int | None = None
+    # Misses while the fleet is below what the law asked for are the law's, not the traffic's:
+    # they do not spend the error budget. Off by default: on the code trace at a 180 s pod start
+    # it lost 0.3-1.3 points for 3-4 % fewer GPU-hours and bought nothing elsewhere
+    # (docs/control-law.md); False: every miss spends it.
+    forgive_own_misses: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
@@ -109,9 +120,20 @@ class LawParams:
             raise ValueError("target_utilization must be in (0, 1]")
         if self.breached_utilization is not None and not 0 < self.breached_utilization <= 1:
             raise ValueError("breached_utilization must be in (0, 1]")
+        if self.batch_sla is not None and self.batch_sla < 1:
+            raise ValueError("batch_sla must be >= 1")
+        if self.capacity_prior is not None and not self.capacity_prior > 0:
+            raise ValueError("capacity_prior must be > 0 requests/s")
 
     @classmethod
-    def from_spec(cls, spec: InferenceServiceSpec, *, batch_mem: int) -> LawParams:
+    def from_spec(
+        cls,
+        spec: InferenceServiceSpec,
+        *,
+        batch_mem: int,
+        capacity_prior: float | None = None,
+        batch_sla: int | None = None,
+    ) -> LawParams:
         b, s, slo = spec.batching, spec.scaling, spec.slo
         # An external owner (kubectl scale, an HPA, KEDA) pins the count: the law then cannot
         # move it, and moves the batch exactly as it would beside its own replicas.
@@ -138,6 +160,8 @@ class LawParams:
             pod_start_s=s.pod_start_seconds,
             budget_window_s=slo.budget_window_seconds,
             learned_key=learned_key(spec),
+            capacity_prior=capacity_prior,
+            batch_sla=batch_sla,
         )
 
     def utilization(self, *, budget_spent: bool) -> float:
@@ -148,8 +172,10 @@ class LawParams:
 
     @property
     def batch_cap(self) -> int:
-        """min(B_max, B_mem): the memory budget always wins."""
-        return max(1, min(self.batch_max, self.batch_mem))
+        """min(B_max, B_mem, B_SLA): the memory budget always wins; a batch past B_SLA breaks TPOT
+        by the profile's own prediction."""
+        sla = self.batch_max if self.batch_sla is None else self.batch_sla
+        return max(1, min(self.batch_max, self.batch_mem, sla))
 
     @property
     def batch_floor(self) -> int:
@@ -187,7 +213,8 @@ class LoopState:
     down_target: int | None = None  # the largest ask in that time (scale down to it)
     last_scale_up: float | None = None
     last_replica_change: float | None = None
-    service_rate: float | None = None  # requests/s a saturated pod completed, best measured
+    service_rate: float | None = None  # μ: requests/s a pod serves, as the law believes it
+    capacity_source: str | None = None  # "profile" (the prior) or "observed" (a saturated pod)
     service_rate_at: float | None = None  # when; a rate older than the budget window gives way
     proven_rate: float | None = None  # the most requests/s a pod has served within its SLOs
     proven_rate_at: float | None = None
@@ -199,6 +226,10 @@ class LoopState:
     queued_since: float | None = None  # since when requests have queued past Q* at every tick
     breached_since: float | None = None  # since when P99 TTFT has been above its SLO at every tick
     budget_spent: bool = False  # the error budget ran out, and half of it is not back yet
+    burst_at: float | None = None  # when the traffic last outran the fleet the law asked for
+    outrun_at: float | None = None  # when demand last asked for more than a fleet in place
+    started_at: float | None = None  # the law's first tick (a warm start is not the law's fleet)
+    batch_sla: int | None = None  # B_SLA in force at the last tick (shown in status)
 
 
 @dataclass(frozen=True)
@@ -306,6 +337,8 @@ class _Facts:
     # The error budget, and the utilization it sets.
     budget_spent: bool
     budget_recovering: bool
+    burst_at: float | None  # the traffic last outran the fleet the law had asked for
+    in_place: bool  # every pod the law asked for serves, and has for a pod start and a window
     utilization: float
     # The TPOT pod: whether one more pod may still lower a TPOT breach.
     pods_left: bool  # none found futile yet, and the fleet below its most
@@ -361,7 +394,11 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
-    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p)
+    slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
+    in_place = _fleet_in_place(state, obs, p, now)
+    burst_at = _burst_at(state, p, slo_breached=slo_breached, in_place=in_place, now=now)
+    burst = burst_at is not None and now - burst_at < p.budget_window_s
+    budget_spent, budget_recovering = _error_budget(state.budget_spent, obs, p, burst=burst)
     # A TPOT breach comes from load: one more pod may fix it. If that pod, once it could show,
     # did not lower the P99, no pod will (the breach is reported, not chased).
     tpot_pod_p99, tpot_futile = (
@@ -378,7 +415,7 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         cap_binds=cap_binds,
         ttft_breached=ttft_breached,
         tpot_breached=tpot_breached,
-        slo_breached=ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s),
+        slo_breached=slo_breached,
         kv_full=_above(obs.kv_usage, p.kv_usage_ceiling),
         recently_lowered=recently_lowered,
         settled=settled,
@@ -391,6 +428,8 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         saturated=saturated,
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
+        burst_at=burst_at,
+        in_place=in_place,
         utilization=p.utilization(budget_spent=budget_spent),
         pods_left=not state.tpot_futile and state.replicas < p.replicas_max,
         tpot_pod_p99=tpot_pod_p99,
@@ -463,14 +502,39 @@ def _pods(load: float, p: LawParams) -> int:
 class _Demand:
     replicas: int  # R*
     text: str
-    service_rate: float | None  # requests/s one pod completes when saturated, best measured
+    service_rate: float | None  # μ, requests/s one pod serves, as believed
     service_rate_at: float | None
+    capacity_source: str | None  # "profile" or "observed"
 
 
 def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, now: float) -> bool:
     """Whether `sample` replaces a learnt rate: it is higher, or the rate is a budget window old
     (what a pod could do an hour ago gives way to what it does now)."""
     return rate is None or sample > rate or at is None or now - at >= p.budget_window_s
+
+
+def _believed_rate(
+    state: LoopState, p: LawParams, sample: float | None, now: float
+) -> tuple[float | None, float | None, str | None]:
+    """μ, when it was learnt and where it came from. The profile's prior holds from the first
+    tick until a saturated pod shows its rate, which replaces it whether higher or lower (the
+    model is a model), or pods serve more within the SLOs than it says; after that the best rate
+    a saturated pod has shown, until it is a budget
+    window old. A state from before the prior (a rate without a source) was observed."""
+    observed = state.service_rate is not None and state.capacity_source != "profile"
+    if not observed:
+        if sample is not None:
+            return sample, now, "observed"
+        rate, at = p.capacity_prior, None
+        if rate is not None and _known(state.proven_rate) and state.proven_rate > rate:  # type: ignore[operator]
+            # Pods have served more within the SLOs than the model says they can: a pod that
+            # never saturates would otherwise never correct a prior that reads low.
+            return state.proven_rate, state.proven_rate_at, "observed"
+        return rate, at, None if rate is None else "profile"
+    rate, at = state.service_rate, state.service_rate_at
+    if sample is not None and _fresher(rate, at, sample, p, now):
+        return sample, now, "observed"
+    return rate, at, "observed"
 
 
 def _demand(
@@ -486,8 +550,9 @@ def _demand(
     """R* from two limits of a pod, whichever needs more pods:
     - slots (Little's law on the gauges): running + waiting over ρ · capacity;
     - throughput: arrivals (completions + refusals, plus a backlog drained within one SLO
-      window) over ρ · μ, with μ the requests/s a pod completes when compute-saturated (a queue
-      with free batch slots), measured then and remembered.
+      window) over ρ · μ, with μ the requests/s a pod serves: the profile's prior, then what a
+      compute-saturated pod (a queue with free batch slots) has shown, measured then and
+      remembered (`_believed_rate`).
       Prefill-heavy mixes saturate a pod's compute long before its batch slots fill; only this
       term sees them, and it keeps a scale-down from undoing what a burst taught."""
     ready, reporting = obs.ready_replicas, obs.reporting
@@ -497,24 +562,21 @@ def _demand(
     sequences = (running + queue) * reporting + (ready - reporting) * capacity
     by_slots = _pods(sequences / (utilization * capacity), p)
     text = f"demand {sequences:.0f} seqs, {capacity:.0f}/pod at ρ {utilization:g}"
-    rate, rate_at = state.service_rate, state.service_rate_at
     finished = float(obs.finished_per_s)  # type: ignore[arg-type]
-    if finished <= 0:
-        return _Demand(by_slots, text, rate, rate_at)
     # The windowed rate of a pod that saturated partway through the window reads low: keep the
     # best rate a saturated pod has shown (a mix that got slower saturates pods sooner, and the
     # TTFT rule adds pods for it) until it is a budget window old.
-    if saturated and _fresher(rate, rate_at, finished / ready, p, now):
-        rate, rate_at = finished / ready, now
-    if rate is None or rate < MIN_RATE:
-        return _Demand(by_slots, text, rate, rate_at)
+    sample = finished / ready if saturated and finished > 0 else None
+    rate, rate_at, source = _believed_rate(state, p, sample, now)
+    if finished <= 0 or rate is None or rate < MIN_RATE:
+        return _Demand(by_slots, text, rate, rate_at, source)
     backlog = queue * reporting / p.slo_window_s if saturated else 0.0
     arrivals = finished + float(obs.rejected_per_s) + backlog  # type: ignore[arg-type]
     by_rate = _pods(arrivals / (utilization * rate), p)
     if by_rate <= by_slots:
-        return _Demand(by_slots, text, rate, rate_at)
-    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod when saturated, ρ {utilization:g}"
-    return _Demand(by_rate, text, rate, rate_at)
+        return _Demand(by_slots, text, rate, rate_at, source)
+    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod ({source}), ρ {utilization:g}"
+    return _Demand(by_rate, text, rate, rate_at, source)
 
 
 #: How much more than the most a pod has served well a scale-down may ask of each pod: a fleet
@@ -543,13 +605,50 @@ def _proven(
     return rate, at, _pods(arrivals / (PROBE_GROWTH * rate), p)
 
 
-def _error_budget(was_spent: bool, obs: Observation, p: LawParams) -> tuple[bool, bool]:
+def _fleet_in_place(state: LoopState, obs: Observation, p: LawParams, now: float) -> bool:
+    """Every pod the law asked for is ready, none starting, and the law has had a pod start and
+    an SLO window since its first tick and its last replica change: misses before that (pods
+    still starting, a warm start too small, the law's own scale-down, which a pod start would
+    undo) are the law's, and say nothing of the traffic."""
+    settled_for = p.pod_start_s + p.slo_window_s
+    return (
+        obs.ready_replicas >= p.clip_replicas(state.replicas)
+        and not obs.pending_replicas
+        and not obs.stalled_replicas
+        and state.started_at is not None
+        and now - state.started_at >= settled_for
+        and _quiet_since(state.last_replica_change, now, settled_for)
+    )
+
+
+def _burst_at(
+    state: LoopState, p: LawParams, *, slo_breached: bool, in_place: bool, now: float
+) -> float | None:
+    """When the traffic last outran the fleet the law had asked for: a windowed P99 above its SLO
+    with that fleet in place, or within a pod start (and the windows that show it) of demand
+    outgrowing it. Without `forgive_own_misses` every breach counts."""
+    outran = state.outrun_at is not None and now - state.outrun_at < (
+        p.pod_start_s + p.slo_window_s + p.scale_up_window_s
+    )
+    if slo_breached and (in_place or outran or not p.forgive_own_misses):
+        return now
+    return state.burst_at
+
+
+def _error_budget(
+    was_spent: bool, obs: Observation, p: LawParams, *, burst: bool
+) -> tuple[bool, bool]:
     """Whether the error budget is spent, and whether only because half of it is not back yet.
-    Hysteresis: spent once a P99 over the budget window breaks its SLO (over 1 % of requests
-    missed), kept again only once every P99.5 is within its SLO (half the budget left). Without
+    Spent once a P99 over the budget window breaks its SLO (over 1 % of requests missed) and the
+    traffic has outrun the fleet the law asked for within that window (`burst`: the misses are
+    the traffic's, and will come again); a budget the law's own shortfall broke is not spent.
+    Hysteresis: kept again only once every P99.5 is within its SLO (half the budget left), or
+    once the last burst is a budget window old (the headroom decays with its evidence). Without
     the margin ρ flips back to the target with no budget left for the next burst, and a burst
     caught at that ρ spends it many times over. A budget window without a request (no P99.5 at
     all) missed nothing: an idle service gets its budget back."""
+    if not burst:
+        return False, False
     if (
         _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
         or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
@@ -575,9 +674,12 @@ def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]
         state,
         service_rate=None,
         service_rate_at=None,
+        capacity_source=None,
         proven_rate=None,
         proven_rate_at=None,
         budget_spent=False,
+        burst_at=None,
+        outrun_at=None,
         tpot_pod_p99=None,
         tpot_futile=False,
         floor_since=None,
@@ -613,11 +715,19 @@ def _windows(
 
 
 def _floor(
-    state: LoopState, f: _Facts, obs: Observation, p: LawParams, desired: int, now: float
+    state: LoopState,
+    f: _Facts,
+    obs: Observation,
+    p: LawParams,
+    desired: int,
+    now: float,
 ) -> tuple[float | None, float | None, int, float | None]:
     """The proven rate, when it was learnt, the fewest pods that serve today's arrivals at it
     (`_proven`), and since when that floor alone has held a scale-down: once it has held the
-    fleet for a budget window it yields a pod."""
+    fleet for a budget window it yields a pod. It stays beside a believed μ (the throughput
+    term's): without it the law served 3.7 points less on the code trace at tight SLOs
+    (docs/control-law.md), where the rate pods serve within the SLOs is below the rate they
+    serve saturated."""
     rate, at, floor = _proven(state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now)
     since = _since(state.floor_since, now) if desired < f.replicas <= floor else None
     if since is not None and now - since >= p.budget_window_s:
@@ -706,12 +816,16 @@ def _replica_rule(
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
         service_rate=demand.service_rate,
         service_rate_at=demand.service_rate_at,
+        capacity_source=demand.capacity_source,
         proven_rate=proven_rate,
         proven_rate_at=proven_at,
         saturated_since=f.saturated_since,
         queued_since=f.queued_since,
         breached_since=f.breached_since,
         budget_spent=f.budget_spent,
+        burst_at=f.burst_at,
+        outrun_at=now if new_replicas > replicas and f.in_place else state.outrun_at,
+        started_at=_since(state.started_at, now),
         tpot_pod_p99=tpot_pod_p99,
         tpot_futile=f.tpot_futile,
         floor_since=floor_since,
@@ -772,6 +886,7 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         batch_direction=step.direction,
         batch_run=step.run,
         last_batch_decrease=now if step.batch < batch else state.last_batch_decrease,
+        batch_sla=p.batch_sla,
     )
     return Decision(
         batch_before=state.batch,

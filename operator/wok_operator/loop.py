@@ -153,11 +153,15 @@ def control_tick(
     batch_mem: int,
     now: float,
     law: Law = decide,
+    capacity_prior: float | None = None,
+    batch_sla: int | None = None,
 ) -> TickResult:
     """observe → decide: the pure middle of every tick, in the operator and in the simulator.
     The law sees the online lane only; a batch-lane deadline (opt-in) may add replicas beside it
     (`backlog.compose`)."""
-    params = LawParams.from_spec(spec, batch_mem=batch_mem)
+    params = LawParams.from_spec(
+        spec, batch_mem=batch_mem, capacity_prior=capacity_prior, batch_sla=batch_sla
+    )
     obs = observe(signals, pods, now=now, stalled_after_s=params.stalled_after_s)
     decision = law(state, obs, params, now)
     backlog = batch_lane_backlog(spec, signals, obs)

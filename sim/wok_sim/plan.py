@@ -206,6 +206,15 @@ def batch_limit(profile: StepProfile, mix: LengthMix, slos: Slos) -> int:
     return max(1, _largest(1, top, lambda b: batch_point(profile, mix, b, slos).fits))
 
 
+def batch_sla(profile: StepProfile, mix: LengthMix, slos: Slos) -> int:
+    """B_SLA: the largest batch whose predicted step time (the mean TPOT) for the mix is within
+    the TPOT SLO and whose steady state fits (0: not even one sequence). The step, not the
+    predicted P99: prompts landing in a step spread a short answer's TPOT, and a cap sized to
+    that spread starves a prefill-bound pod of the batch it serves well."""
+    top = batch_limit(profile, mix, slos)
+    return _largest(1, top, lambda b: batch_point(profile, mix, b, slos).step_s <= slos.tpot_s)
+
+
 def replica_capacity(profile: StepProfile, mix: LengthMix, batch: int, slos: Slos) -> float:
     """Requests per second one replica serves running `batch` sequences (or as many as fit)."""
     b = min(batch, batch_limit(profile, mix, slos))
@@ -291,12 +300,16 @@ def batch_mem_of(profile: StepProfile, requests: Sequence[TraceRequest]) -> int:
     return max(1, int(profile.kv_capacity_tokens // max(mean, 1.0)))
 
 
+#: What a service already running when a trace begins has seen of it: its first five minutes.
+WARM_START_S = 300.0
+
+
 def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slos) -> int:
     """Every autoscaler starts with the fleet the planner sizes for the busiest minute of the
     first five, as a service already running when the trace begins would be sized for the load
     it has just seen (starting cold at one pod would charge each policy for a ramp the trace
     never asked for)."""
-    first_minutes = [r for r in requests if r.arrival_s < 300.0]
+    first_minutes = [r for r in requests if r.arrival_s < WARM_START_S]
     if not first_minutes:
         return 1
     mix = LengthMix.of_requests(requests, profile.max_model_len)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from wok_contracts.signals import Observation
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
-from wok_operator.control import LawParams, decide, decide_sign_step
+from wok_operator.control import Decision, LawParams, LoopState, decide, decide_sign_step
 from wok_operator.loop import Law, TickResult, control_tick, initial_state
-from wok_sim.plan import LengthMix, plan
+from wok_sim.plan import WARM_START_S, LengthMix, batch_sla, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 from wok_sim.report import Slos
@@ -51,7 +52,14 @@ class LawPolicy:
     fixed_batch: int | None = None
 
     def __init__(
-        self, name: str, law: Law, ctx: PolicyContext, *, pinned_batch: int | None = None
+        self,
+        name: str,
+        law: Law,
+        ctx: PolicyContext,
+        *,
+        pinned_batch: int | None = None,
+        prior: bool = True,
+        sla: bool = False,
     ) -> None:
         self.spec = simulated_spec(ctx)
         self.name = name
@@ -61,6 +69,8 @@ class LawPolicy:
         params = LawParams.from_spec(self.spec, batch_mem=self.batch_mem(None))
         self.interval_s = float(self.spec.scaling.interval_seconds)
         self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
+        self.capacity_prior = capacity_prior(ctx) if prior else None
+        self.batch_sla = batch_sla_of(ctx) if sla else None
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
         self.state = replace(self.state, batch=self.pinned(self.state.batch, params.batch_cap))
 
@@ -88,6 +98,8 @@ class LawPolicy:
             batch_mem=self.batch_mem(view.signals.mean_sequence_tokens),
             now=view.now,
             law=self.law,
+            capacity_prior=self.capacity_prior,
+            batch_sla=self.batch_sla,
         )
 
     def decide(self, view: FleetView) -> Action:
@@ -99,11 +111,61 @@ class LawPolicy:
         return Action(batch=self.state.batch, replicas=decision.replicas, reason=decision.reason)
 
 
+def seen_mix(ctx: PolicyContext) -> LengthMix | None:
+    """The length mix a running service had seen when the run begins: its first five minutes,
+    as the warm start reads them (None: no request)."""
+    seen = [r for r in ctx.requests if r.arrival_s < WARM_START_S] or list(ctx.requests[:1])
+    return LengthMix.of_requests(seen, ctx.profile.max_model_len) if seen else None
+
+
+def capacity_prior(ctx: PolicyContext) -> float | None:
+    """μ's prior: `wok plan`'s QPS_max (B_opt / t_batch(B_opt) within the run's SLOs) for the
+    seen mix; None when no batch meets the SLOs for it."""
+    mix = seen_mix(ctx)
+    if mix is None:
+        return None
+    try:
+        return plan(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)).qps_max
+    except ValueError:
+        return None
+
+
+def batch_sla_of(ctx: PolicyContext) -> int | None:
+    """B_SLA for the seen mix and the run's SLOs (None: no mix, or not even one sequence)."""
+    mix = seen_mix(ctx)
+    if mix is None:
+        return None
+    sla = batch_sla(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s))
+    return sla if sla >= 1 else None
+
+
 def _wok(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok", decide, ctx)]
 
 
+def _no_prior(ctx: PolicyContext) -> list[Policy]:
+    return [LawPolicy("wok-no-prior", decide, ctx, prior=False)]
+
+
+def _sla(ctx: PolicyContext) -> list[Policy]:
+    """The law with B_SLA in its batch cap: it served more at tight TPOT and less on the code
+    trace at loose SLOs (docs/control-law.md), so the default leaves it out."""
+    return [LawPolicy("wok-sla", decide, ctx, sla=True)]
+
+
+def _forgive(ctx: PolicyContext) -> list[Policy]:
+    """The law whose own shortfall's misses do not spend the error budget."""
+
+    def law(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
+        return decide(state, obs, replace(params, forgive_own_misses=True), now)
+
+    return [LawPolicy("wok-forgive", law, ctx)]
+
+
 register("wok", PolicyEntry(variants=_wok))
+register("wok-no-prior", PolicyEntry(variants=_no_prior, in_all=False))
+register("wok-forgive", PolicyEntry(variants=_forgive, in_all=False))
+register("wok-sla", PolicyEntry(variants=_sla, in_all=False))
 
 
 def plan_batch(ctx: PolicyContext) -> int:

@@ -44,6 +44,9 @@ def law_params(draw: st.DrawFn) -> LawParams:
         scale_down_window_s=draw(st.sampled_from([0, 30, 120, 300])),
         slo_window_s=draw(st.sampled_from([10, 60, 120])),
         pod_start_s=draw(st.sampled_from([0, 30, 90, 180])),
+        capacity_prior=draw(st.one_of(st.none(), st.floats(1e-300, 100))),
+        batch_sla=draw(st.one_of(st.none(), st.integers(1, 300))),
+        forgive_own_misses=draw(st.booleans()),
     )
 
 
@@ -92,6 +95,7 @@ states = st.builds(
     last_replica_change=maybe_time,
     service_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
     service_rate_at=maybe_time,
+    capacity_source=st.sampled_from([None, "profile", "observed"]),
     proven_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
     proven_rate_at=maybe_time,
     learned_for=st.sampled_from([None, "", "another spec"]),
@@ -102,6 +106,9 @@ states = st.builds(
     tpot_pod_p99=st.one_of(st.none(), st.floats(0, 2)),
     tpot_futile=st.booleans(),
     floor_since=maybe_time,
+    burst_at=maybe_time,
+    outrun_at=maybe_time,
+    started_at=maybe_time,
 )
 
 
@@ -706,7 +713,8 @@ def test_the_fleet_keeps_burst_headroom_only_while_the_error_budget_is_spent():
     traffic outran the fleet within a pod start, and will again."""
     params = default_params()  # the spec's defaults, up to 32 replicas
     assert (params.target_utilization, params.breached_utilization) == (0.9, 0.6)
-    state = LoopState(batch=200, replicas=6, service_rate=10.0)
+    # A burst outran the fleet the law had asked for within the hour: the misses are the traffic's.
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, burst_at=50.0)
     steady = six_pods_serving_54_per_s
 
     # 54 req/s at 10 a pod: 5.4 pods of work → 6 at ρ 0.9, 9 at ρ 0.6.
@@ -733,7 +741,7 @@ def test_a_spent_error_budget_keeps_its_headroom_until_half_the_budget_is_back()
     next burst: on the code trace at breachedUtilization 0.55 the fleet ran at ρ 0.9 from minute
     35, shrank to 2 pods and missed 414 requests in the last minute's burst."""
     params = default_params()
-    fresh = LoopState(batch=200, replicas=6, service_rate=10.0)
+    fresh = LoopState(batch=200, replicas=6, service_rate=10.0, burst_at=50.0)
     spent = replace(fresh, budget_spent=True)
 
     def steady(p99: float, p995: float | None) -> Observation:
@@ -910,7 +918,9 @@ def test_the_learnt_state_resets_when_the_model_gpu_or_slos_change():
     more = spec.model_copy(update={"scaling": spec.scaling.model_copy(update={"max_replicas": 9})})
     assert LawParams.from_spec(more, batch_mem=200).learned_key == key
     params = LawParams(**{**default_params().__dict__, "learned_key": key})
-    learnt = LoopState(batch=200, replicas=4, service_rate=9.0, proven_rate=9.0, budget_spent=True)
+    learnt = LoopState(
+        batch=200, replicas=4, service_rate=9.0, proven_rate=9.0, budget_spent=True, burst_at=0.0
+    )
     # Half the budget is not back yet (a P99.5 over the budget window breaks the TTFT SLO).
     quiet = replace(obs(0, running=2, ready=4), budget_p995_ttft_seconds=3.0)
     kept = decide(replace(learnt, learned_for=key), quiet, params, 0).state
@@ -964,3 +974,177 @@ def test_rates_near_zero_never_overflow(state, params, finished, rejected, queue
     slow = replace(state, service_rate=finished or 5e-324, proven_rate=finished or 5e-324)
     d = decide(slow, o, params, 5000.0)
     assert params.replicas_floor <= d.replicas <= params.replicas_max
+
+
+@settings(max_examples=400, deadline=None)
+@given(state=states, obs=observations, params=law_params(), now=st.floats(1000, 2000))
+def test_no_scale_down_leaves_fewer_pods_than_arrivals_over_the_believed_capacity(
+    state, obs, params, now
+):
+    """Whatever μ the law believes (the profile's prior or a saturated pod's rate), a scale-down
+    never leaves fewer pods than serve today's arrivals at it, and it says where μ came from."""
+    d = decide(state, obs, params, now)
+    start = clipped(state.replicas, params.replicas_floor, params.replicas_max)
+    mu = d.state.service_rate
+    if d.metrics_missing or mu is None:
+        return
+    assert d.state.capacity_source in ("profile", "observed")
+    finished = obs.finished_per_s or 0.0
+    if d.replicas < start and mu >= 1e-6 and finished > 0:
+        arrivals = finished + (obs.rejected_per_s or 0.0)
+        need = math.ceil(min(arrivals / mu, params.replicas_max + 1.0) - 1e-9)
+        assert d.replicas >= min(need, start), d.reason
+
+
+def test_the_profile_prior_sizes_the_fleet_from_the_first_tick():
+    """Before any pod has saturated, the throughput term had no μ and the slots (a compute-bound
+    pod never fills them) asked for one pod. The profile's capacity is μ from the first tick."""
+    params = default_params(capacity_prior=8.0)
+    quiet = obs(0, running=10, ready=2, finished=40.0)
+    d = decide(LoopState(batch=200, replicas=2), quiet, params, 0)
+    # 40 req/s over 0.9 · 8 a pod: 6 pods; the slots alone say 1.
+    assert d.desired_replicas == 6, d.reason
+    assert (d.state.service_rate, d.state.capacity_source) == (8.0, "profile")
+    no_prior = decide(LoopState(batch=200, replicas=2), quiet, default_params(), 0)
+    assert no_prior.desired_replicas == 1 and no_prior.state.capacity_source is None
+
+
+def test_a_saturated_pod_corrects_the_prior_in_both_directions():
+    """The profile is a model: the first rate a saturated pod shows replaces it, lower or higher;
+    after that the best rate a saturated pod has shown stands, as before."""
+    params = default_params(scale_up_window_s=10)
+
+    def learn(prior: float, finished: float, state: LoopState | None = None) -> LoopState:
+        state = state or LoopState(batch=200, replicas=2)
+        for now in (0.0, 10.0):
+            o = obs(20, running=5, ready=2, finished=finished)
+            state = decide(state, o, replace(params, capacity_prior=prior), now).state
+        return state
+
+    low = learn(8.0, 10.0)  # 5 a pod, the prior said 8
+    assert (low.service_rate, low.capacity_source) == (5.0, "observed")
+    high = learn(2.0, 10.0)
+    assert (high.service_rate, high.capacity_source) == (5.0, "observed")
+    # Observed now: a lower saturated sample within the budget window is a partial window.
+    again = learn(8.0, 6.0, replace(low, saturated_since=None))
+    assert again.service_rate == 5.0
+
+
+def test_a_scale_down_keeps_the_pods_arrivals_need_at_the_believed_capacity():
+    """A flat long-output load near a pod's capacity: 3 pods serving 22 req/s, no pod saturated.
+    The slots asked for 2 pods, and the proven floor, which lets a pod be asked 1.25 × what it
+    has served, yielded after a budget window: two pods got 22 req/s and queued. With the
+    profile's 8.6 req/s a pod believed, arrivals / μ keeps 3 pods all along."""
+
+    def run(params: LawParams) -> list[int]:
+        state, fleet = LoopState(batch=256, replicas=3), []
+        for now in range(0, 8000, 5):
+            o = obs(0, running=100, ready=state.replicas, finished=22.0)
+            state = decide(state, o, params, now).state
+            fleet.append(state.replicas)
+        return fleet
+
+    base = default_params(scale_down_window_s=300)
+    assert set(run(replace(base, capacity_prior=8.6))) == {3}
+    assert run(base)[-1] == 2  # the proven floor's yield
+
+
+def test_the_proven_floor_stays_beside_a_believed_capacity():
+    """The proven floor (1.25 × the most a pod has served within its SLOs) is not what μ says:
+    pods saturated serve more than pods within the SLOs. Dropping it once μ was believed lost
+    3.7 points on the code trace at tight SLOs; it holds the fleet beside the throughput term."""
+    params = default_params(scale_down_window_s=300, capacity_prior=8.6)
+    state = LoopState(batch=256, replicas=4, proven_rate=3.0, proven_rate_at=0.0)
+    for now in range(0, 600, 5):
+        o = obs(0, running=40, ready=state.replicas, ttft=5.0, finished=12.0)
+        state = decide(state, o, params, now).state
+    # 12 req/s over 0.9 · 8.6: 2 pods; 12 over 1.25 · 3 a pod: 4.
+    assert state.replicas == 4
+
+
+def _breaching(*, ready: int = 6, pending: int = 0, ttft: float = 3.0) -> Observation:
+    """6 pods' 54 req/s with the windowed P99 TTFT at `ttft` and the hour's P99 past its SLO."""
+    return replace(
+        six_pods_serving_54_per_s(budget_p99_ttft_seconds=2.5, budget_p995_ttft_seconds=3.0),
+        ready_replicas=ready,
+        pending_replicas=pending,
+        p99_ttft_seconds=ttft,
+    )
+
+
+def test_misses_the_law_caused_do_not_spend_the_error_budget():
+    """One miss set the price of an hour: the misses of a warm start too small, of pods still
+    starting or of the law's own scale-down spent the budget, and ρ 0.6 held twice the pods the
+    load needed. Only a breach with every pod the law asked for in place, settled for a pod
+    start and an SLO window (90 + 60 s), says the traffic outran the fleet."""
+    # 90 s pod start, 60 s SLO window, an hour's budget
+    params = default_params(forgive_own_misses=True)
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
+
+    def spent(st: LoopState, o: Observation, now: float, p: LawParams = params) -> bool:
+        return decide(st, o, p, now).budget_spent
+
+    assert not spent(state, _breaching(), 145)  # the warm start's first pod start and window
+    assert spent(state, _breaching(), 155)
+    assert not spent(state, _breaching(ready=4, pending=2), 1000)  # pods still starting
+    assert not spent(replace(state, replicas=8), _breaching(), 1000)  # asked for, not ready
+    after_down = replace(state, last_replica_change=860.0)
+    assert not spent(after_down, _breaching(), 1000)  # its own scale-down, 140 s ago
+    assert spent(after_down, _breaching(), 1015)
+    # A budget the law's misses broke, with no breach now: not spent.
+    assert not spent(state, _breaching(ttft=0.5), 1000)
+    # The old budget: every miss spends it.
+    blame_all = replace(params, forgive_own_misses=False)
+    assert spent(state, _breaching(ready=4, pending=2), 1000, blame_all)
+
+
+def test_burst_headroom_decays_with_its_evidence():
+    """Headroom follows the last burst: a budget window after it, the budget is back even while
+    the hour's P99.5 is still past its SLO."""
+    params = default_params(forgive_own_misses=True)
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
+    d = decide(state, _breaching(), params, 1000)
+    assert d.budget_spent and d.state.burst_at == 1000
+    quiet = _breaching(ttft=0.5)
+    assert decide(d.state, quiet, params, 1000 + 3590).budget_spent
+    assert not decide(d.state, quiet, params, 1000 + 3610).budget_spent
+
+
+def test_a_breach_within_a_pod_start_of_demand_outgrowing_the_fleet_is_a_burst():
+    """A burst asks for pods at once: the breach it causes shows while they start. Demand that
+    outgrew a fleet in place makes the next pod start's misses the traffic's."""
+    params = default_params(scale_up_window_s=10, forgive_own_misses=True)
+    state = LoopState(batch=200, replicas=6, service_rate=10.0, started_at=0.0)
+    hot = replace(six_pods_serving_54_per_s(), finished_per_s=90.0)
+    for now in (1000, 1010):
+        d = decide(state, hot, params, now)
+        state = d.state
+    assert d.replicas > 6 and state.outrun_at == 1010
+    starting = _breaching(pending=d.replicas - 6)
+    assert decide(state, starting, params, 1010 + 155).budget_spent  # 90 + 60 + 10 s
+    assert not decide(state, starting, params, 1010 + 165).budget_spent
+
+
+def test_b_sla_caps_the_batch_and_the_slots_a_pod_offers():
+    """Where TPOT binds, a batch past B_SLA breaks it by the profile's own prediction: the cap is
+    min(B_max, B_mem, B_SLA), the batch rests there, and the slots term sizes pods at it."""
+    params = default_params(batch_sla=40)  # B_max 256, B_mem 200
+    assert params.batch_cap == 40
+    d = decide(LoopState(batch=32, replicas=1), obs(0, running=30, ready=1), params, 0)
+    assert d.batch == 40 and d.state.batch_sla == 40
+    busy = decide(LoopState(batch=40, replicas=1), obs(0, running=150, ready=1), params, 0)
+    # 150 sequences over 0.9 · 40 a pod: 5 pods (at the memory cap, 1).
+    assert busy.desired_replicas == 5, busy.reason
+    assert default_params(batch_sla=400).batch_cap == 200
+
+
+def test_pods_that_serve_more_within_the_slos_than_the_prior_correct_it_upward():
+    """A prior that reads low sizes a fleet that never saturates, so no saturated pod would ever
+    correct it: the most a pod has served within its SLOs, once above the prior, is μ."""
+    params = default_params(capacity_prior=4.0)
+    state = LoopState(batch=200, replicas=2, proven_rate=6.0, proven_rate_at=0.0)
+    d = decide(state, obs(0, running=10, ready=2, finished=12.0), params, 10)
+    assert (d.state.service_rate, d.state.capacity_source) == (6.0, "observed")
+    below = replace(state, proven_rate=3.0)
+    d = decide(below, obs(0, running=10, ready=2, finished=2.0), params, 10)
+    assert (d.state.service_rate, d.state.capacity_source) == (4.0, "profile")

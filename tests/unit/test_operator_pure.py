@@ -240,7 +240,7 @@ def two_quiet_pods(**budget: float) -> Observation:
 
 def test_a_spent_error_budget_shows_as_a_condition_with_the_utilization_in_force():
     params = LawParams.from_spec(SPEC, batch_mem=PLAN.max_batch_size)
-    state = LoopState(batch=32, replicas=2)
+    state = LoopState(batch=32, replicas=2, burst_at=50.0)  # the traffic outran the fleet
     conditions = {}
     for budget_ttft in (1.2, 3.5):
         obs = two_quiet_pods(budget_p99_ttft_seconds=budget_ttft)

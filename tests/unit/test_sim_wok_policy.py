@@ -39,3 +39,33 @@ def test_the_law_moves_the_pods_batch() -> None:
 def test_a_frozen_batch_stays_at_its_pin() -> None:
     seen = batches("wok-frozen-plan")
     assert len(set(seen[1:])) == 1
+
+
+def test_the_law_believes_the_planners_capacity_until_a_pod_saturates() -> None:
+    """μ's prior is `wok plan`'s QPS_max for the mix of the first five minutes; `wok-no-prior`
+    runs without it."""
+    from wok_sim.plan import LengthMix, plan
+    from wok_sim.report import Slos
+
+    registry = load_registry()
+    law, bare = registry["wok"].variants(CTX)[0], registry["wok-no-prior"].variants(CTX)[0]
+    mix = LengthMix.of_requests([r for r in REQUESTS if r.arrival_s < 300], PROFILE.max_model_len)
+    expected = plan(PROFILE, mix, Slos(2.0, 0.1, None)).qps_max
+    assert law.capacity_prior == expected > 0  # type: ignore[attr-defined]
+    assert bare.capacity_prior is None  # type: ignore[attr-defined]
+
+
+def test_b_sla_is_the_largest_batch_whose_predicted_step_meets_the_tpot_slo() -> None:
+    from wok_sim.plan import LengthMix, batch_point, batch_sla
+    from wok_sim.report import Slos
+
+    mix = LengthMix.of_means(2048, 32)
+    slos = Slos(2.0, 0.05, None)
+    b = batch_sla(PROFILE, mix, slos)
+    assert batch_point(PROFILE, mix, b, slos).step_s <= 0.05
+    assert batch_point(PROFILE, mix, b + 1, slos).step_s > 0.05
+    law = load_registry()["wok-sla"].variants(CTX)[0]
+    assert law.batch_sla == batch_sla(  # type: ignore[attr-defined]
+        PROFILE, LengthMix.of_requests(REQUESTS, PROFILE.max_model_len), Slos(2.0, 0.1, None)
+    )
+    assert load_registry()["wok"].variants(CTX)[0].batch_sla is None  # type: ignore[attr-defined]
