@@ -46,7 +46,7 @@ POLICIES: dict[str, str] = {
     "ablation: what the moving batch buys; not in `all`)",
     "wok-frozen-plan": "the law with its batch pinned at `wok plan`'s B_opt for the trace's mix "
     "(an ablation; not in `all`)",
-    "wok-no-prior": "the law without the step profile's μ prior (an ablation; not in `all`)",
+    "wok-prior": "the law with μ's prior from the step profile (an ablation; not in `all`)",
     "wok-forgive": "the law whose own shortfall's misses (pods starting, a warm start, its "
     "scale-down) do not spend the error budget (an experiment; not in `all`)",
     "wok-sla": "the law with B_SLA in its batch cap (an experiment; not in `all`)",

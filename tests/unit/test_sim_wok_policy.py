@@ -41,14 +41,14 @@ def test_a_frozen_batch_stays_at_its_pin() -> None:
     assert len(set(seen[1:])) == 1
 
 
-def test_the_law_believes_the_planners_capacity_until_a_pod_saturates() -> None:
-    """μ's prior is `wok plan`'s QPS_max for the mix of the first five minutes; `wok-no-prior`
-    runs without it."""
+def test_the_prior_variant_believes_the_planners_capacity_until_a_pod_saturates() -> None:
+    """μ's prior is `wok plan`'s QPS_max for the mix of the first five minutes; `wok-prior`
+    runs with it, the default law (as the operator) without."""
     from wok_sim.plan import LengthMix, plan
     from wok_sim.report import Slos
 
     registry = load_registry()
-    law, bare = registry["wok"].variants(CTX)[0], registry["wok-no-prior"].variants(CTX)[0]
+    law, bare = registry["wok-prior"].variants(CTX)[0], registry["wok"].variants(CTX)[0]
     mix = LengthMix.of_requests([r for r in REQUESTS if r.arrival_s < 300], PROFILE.max_model_len)
     expected = plan(PROFILE, mix, Slos(2.0, 0.1, None)).qps_max
     assert law.capacity_prior == expected > 0  # type: ignore[attr-defined]
