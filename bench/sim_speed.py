@@ -10,7 +10,18 @@ GPU-hours to the last digit (a faster simulator must not change a result).
 
     nice -n 19 .venv/bin/python bench/sim_speed.py --against f4d1ed6 --repeats 3
 
-Writes bench/results/sim_speed.md and .json.
+`--engines` times the simulator's two engines instead, side by side in one run: `step` (one
+exact scheduler iteration per engine step, the reference) and `event` (the default), both of the
+working tree, plus the event engine of `--against` when given, on the headline run (`wok simulate
+--policy wok`: the code trace at x3, 26,457 requests) and on one policy over the ServeGen day at
+x1 (`wok evaluate`'s `day` condition, 1.85 M requests). Each simulation runs in a fresh process,
+the sides alternating, and the record of every request and every tick must be the same on all.
+
+    nice -n 19 .venv/bin/python bench/sim_speed.py --engines --against 5f865a0 \
+        --repeats 3 --day-repeats 1
+
+Writes bench/results/sim_speed.md and .json with `--engines`, sim_speed_matrix.md and .json
+without.
 """
 
 from __future__ import annotations
@@ -54,6 +65,122 @@ print(json.dumps(out))
 """
 
 
+# The engines' jobs: (label, what the child builds). The headline is `wok simulate --policy wok`'s
+# run; the day is `wok evaluate`'s `day` condition with the wok policy on seed 0.
+ENGINE_JOBS = ("headline", "day")
+ENGINE_CHILD = """
+import hashlib, json, sys, time
+from wok_sim.fleet import FleetConfig, simulate_fleet
+from wok_sim.policies import load_registry
+from wok_sim.report import Slos, summarize
+job, fast = sys.argv[1], sys.argv[2] == "1"
+if job == "headline":
+    from wok_contracts.profile import load_profile
+    from wok_contracts.traces import load_trace, scale_rate
+    from wok_sim.cli import DEFAULT_PROFILE, DEFAULT_TRACE, DEFAULT_TRACE_RATE_SCALE
+    from wok_sim.plan import batch_mem_of, warm_start
+    from wok_sim.policies import PolicyContext
+    profile = load_profile(DEFAULT_PROFILE)
+    slos = Slos(2.0, 0.1, 5.0)
+    requests = load_trace(str(DEFAULT_TRACE), seed=0)
+    requests = scale_rate(requests, DEFAULT_TRACE_RATE_SCALE, mode="overlay", seed=0)
+    ctx = PolicyContext(profile=profile, slo_ttft_s=2.0, slo_tpot_s=0.1, slo_e2e_s=5.0,
+        max_replicas=32, batch_mem=batch_mem_of(profile, requests), cold_start_s=90.0,
+        requests=tuple(requests), start_replicas=warm_start(profile, requests, slos))
+    config = FleetConfig(profile=profile, cold_start_s=90.0, seed=0, fast=fast)
+else:
+    from wok_sim import evaluate as e
+    ctx = e.context(e.Condition("day", 1.0, 90.0, "loose"), 0)
+    slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s)
+    config = FleetConfig(profile=ctx.profile, cold_start_s=90.0, seed=0, fast=fast,
+        score_from_s=e.WARM_UP_S)
+policy = load_registry()["wok"].variants(ctx)[0]
+requests = list(ctx.requests)
+t = time.process_time()  # CPU seconds: the shared machine's load does not count
+run = simulate_fleet(requests, policy, config)
+seconds = time.process_time() - t
+result = summarize(policy.name, run, slos)
+digest = hashlib.sha256(repr(([(r.request_id, r.outcome, r.pod, r.output_tokens,
+    round(r.finish_s, 6), None if r.first_token_s is None else round(r.first_token_s, 6))
+    for r in run.records], [(k.time_s, k.desired, k.ready, k.batch, k.waiting, k.reason)
+    for k in run.timeline])).encode()).hexdigest()[:16]
+print(json.dumps([seconds, len(run.records), run.steps, result.slo_attainment,
+    result.gpu_hours, digest]))
+"""
+
+
+def run_engine(root: Path, job: str, fast: bool) -> list:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(root / p) for p in PACKAGES)}
+    done = subprocess.run(
+        [sys.executable, "-c", ENGINE_CHILD, job, "1" if fast else "0"],
+        cwd=root, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def engines(args: argparse.Namespace) -> int:
+    """The step and event engines (and the event engine of --against) side by side."""
+    started = time.monotonic()
+    times: dict[str, dict[str, list[float]]] = {}
+    results: dict[str, dict[str, list]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        sides: dict[str, tuple[Path, bool]] = {"step": (ROOT, False), "event": (ROOT, True)}
+        if args.against:
+            sides[f"event at {args.against}"] = (export(args.against, Path(tmp)), True)
+        for job in ENGINE_JOBS:
+            repeats = args.day_repeats if job == "day" else args.repeats
+            for _ in range(repeats):
+                for side, (root, fast) in sides.items():
+                    seconds, *result = run_engine(root, job, fast)
+                    times.setdefault(job, {}).setdefault(side, []).append(seconds)
+                    results.setdefault(job, {})[side] = result
+                    print(job, side, f"{seconds:.2f} s", result, file=sys.stderr, flush=True)
+    names = list(sides)
+    head = "| run | requests | engine steps | " + " | ".join(f"{n} CPU s" for n in names)
+    head += " | step / event |" + (f" {names[2]} / event |" if len(names) > 2 else "")
+    head += " same records and ticks |"
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for job in ENGINE_JOBS:
+        medians = {n: statistics.median(times[job][n]) for n in names}
+        first = results[job]["step"]
+        same = all(results[job][n] == first for n in names)
+        cells = [job, f"{first[0]:,}", f"{first[1]:,}", *(f"{medians[n]:.2f}" for n in names)]
+        cells.append(f"{medians['step'] / medians['event']:.1f}×")
+        if len(names) > 2:
+            cells.append(f"{medians[names[2]] / medians['event']:.2f}×")
+        cells.append("yes" if same else "**no**")
+        rows.append("| " + " | ".join(cells) + " |")
+    command = "nice -n 19 .venv/bin/python bench/sim_speed.py " + " ".join(sys.argv[1:])
+    text = "\n".join(
+        [
+            "# The fleet simulator's engines, side by side",
+            "",
+            f"Made by `{command}` in {time.monotonic() - started:.0f} s on the project's shared "
+            "2-core machine (other work ran beside it). CPU seconds (`time.process_time`) of the "
+            "simulation alone, the context (trace, planner's warm start) built before the clock "
+            f"starts; the median of {args.repeats} runs per engine on the headline run and of "
+            f"{args.day_repeats} on the day, each in a fresh process, the engines alternating. "
+            "`step`: one exact scheduler iteration per engine step; `event`: the default engine"
+            + (
+                f"; `event at {args.against}`: the event engine before this change"
+                if args.against
+                else ""
+            )
+            + ". Same: every request's outcome, pod, tokens, finish and first-token times (to "
+            "the µs) and every tick's fleet, batch, queue and reason hash the same.",
+            "",
+            *rows,
+            "",
+        ]
+    )
+    results_dir = ROOT / "bench" / "results"
+    (results_dir / f"{args.out}.md").write_text(text)
+    payload = {"command": command, "times": times, "results": results}
+    (results_dir / f"{args.out}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print(text)
+    return 0
+
+
 def export(commit: str, into: Path) -> Path:
     """The commit's tree under `into` (no work tree or branch is touched)."""
     archive = into / "tree.tar"
@@ -75,12 +202,20 @@ def run_side(root: Path) -> dict[str, list]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", required=True, metavar="COMMIT")
+    parser.add_argument("--against", metavar="COMMIT")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="sim_speed")
+    parser.add_argument("--out", help="results file name (default sim_speed, sim_speed_matrix)")
+    parser.add_argument("--engines", action="store_true", help="step vs event engine")
+    parser.add_argument("--day-repeats", type=int, default=1, help="with --engines")
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    if args.repeats < 1 or args.day_repeats < 1:
+        parser.error("--repeats and --day-repeats must be >= 1")
+    if args.engines:
+        args.out = args.out or "sim_speed"
+        return engines(args)
+    if not args.against:
+        parser.error("--against COMMIT is needed without --engines")
+    args.out = args.out or "sim_speed_matrix"
     started = time.monotonic()
     times: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     results: dict[str, dict[str, list]] = {}

@@ -269,6 +269,9 @@ def clip_to_model(
     out: list[TraceRequest] = []
     clipped = 0
     for r in requests:
+        if r.prompt_tokens >= 1 and 1 <= r.output_tokens <= max_model_len - r.prompt_tokens:
+            out.append(r)  # fits as it is (the common case, checked first: a day is millions)
+            continue
         prompt = min(max(1, r.prompt_tokens), max_model_len - 1)
         output = min(max(1, r.output_tokens), max_model_len - prompt)
         if (prompt, output) == (r.prompt_tokens, r.output_tokens):

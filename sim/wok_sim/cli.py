@@ -206,6 +206,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write each policy's control ticks here (ticks-NAME.jsonl: the load, the fleet, the "
         "P99s it saw and the reason it gave): which rule acted, and when",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("event", "step"),
+        default="event",
+        help="event: decode stretches in closed form (the default); step: one scheduler "
+        "iteration per engine step, the reference the other is tested against",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable results")
     parser.add_argument(
         "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel simulations"
@@ -266,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         prefix_caching=args.prefix_caching,
         score_from_s=args.score_from,
+        fast=args.engine == "event",
     )
     ctx = PolicyContext(
         profile=profile,

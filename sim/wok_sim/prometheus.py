@@ -22,9 +22,10 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from wok_contracts.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from wok_contracts.signals import ServiceSignals
@@ -82,7 +83,20 @@ def extrapolated_rate(
     counters only grow). The increase is extrapolated towards each edge by the gap to it, or by
     half a sample interval where the gap exceeds 1.1 intervals (the series began or ended inside
     the range), never below zero at the start, and divided by the whole range."""
-    return extrapolated_rates((first,), (last,), t_first, t_last, samples, start=start, end=end)[0]
+    sampled = t_last - t_first
+    increase = last - first
+    if samples < 2 or sampled <= 0 or increase == 0:
+        return 0.0
+    average = sampled / (samples - 1)
+    threshold = 1.1 * average
+    half = average / 2
+    to_start = t_first - start
+    if increase > 0 and first >= 0:
+        to_start = min(to_start, sampled * first / increase)  # the counter's zero bounds it
+    to_end = end - t_last
+    interval = sampled + (to_start if to_start < threshold else half)
+    interval += to_end if to_end < threshold else half
+    return increase * interval / sampled / (end - start)
 
 
 def extrapolated_rates(
@@ -95,32 +109,50 @@ def extrapolated_rates(
     start: float,
     end: float,
 ) -> list[float]:
-    """`extrapolated_rate` of every series of one pod (they share their sample times), with the
-    same floating-point operations in the same order, so each value is bit-identical; what the
-    series share is computed once, and a series that did not move is 0 at once (a round reads
-    ~90 series per pod, most of them histogram buckets that no request reached)."""
+    """`extrapolated_rate` of every series of one pod (they share their sample times)."""
+    values = _extrapolated_rates(
+        np.asarray(first, dtype=float),
+        np.asarray(last, dtype=float),
+        t_first,
+        t_last,
+        samples,
+        start=start,
+        end=end,
+    )
+    return values.tolist()
+
+
+def _extrapolated_rates(
+    first: np.ndarray,
+    last: np.ndarray,
+    t_first: float,
+    t_last: float,
+    samples: int,
+    *,
+    start: float,
+    end: float,
+) -> np.ndarray:
+    """`extrapolated_rate` over arrays, with the same floating-point operations in the same order
+    (IEEE operations elementwise), so each value is bit-identical: a round reads ~90 series per
+    pod, most of them histogram buckets that no request reached."""
     sampled = t_last - t_first
     if samples < 2 or sampled <= 0:
-        return [0.0] * len(first)
+        return np.zeros(len(first))
     average = sampled / (samples - 1)
     threshold = 1.1 * average
     half = average / 2
-    gap_start, to_end = t_first - start, end - t_last
+    to_end = end - t_last
     end_part = to_end if to_end < threshold else half
-    span = end - start
-    rates = []
-    for f, la in zip(first, last, strict=True):
-        increase = la - f
-        if increase == 0:
-            rates.append(0.0)
-            continue
-        to_start = gap_start
-        if increase > 0 and f >= 0:
-            to_start = min(to_start, sampled * f / increase)  # the counter's zero bounds it
-        interval = sampled + (to_start if to_start < threshold else half)
-        interval += end_part
-        rates.append(increase * interval / sampled / span)
-    return rates
+    increase = last - first
+    moved = increase != 0
+    bounded = (increase > 0) & (first >= 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_zero = np.where(bounded, sampled * first / increase, np.inf)
+    to_start = np.minimum(t_first - start, by_zero)  # the counter's zero bounds it
+    interval = sampled + np.where(to_start < threshold, to_start, half)
+    interval += end_part
+    rates = increase * interval / sampled / (end - start)
+    return np.where(moved, rates, 0.0)
 
 
 class _PodCounters:
@@ -202,7 +234,8 @@ class EmulatedPrometheus:
         self.failure_prob = scrape_failure_prob
         self._rng = random.Random(seed)
         self._pods: dict[int, _PodCounters] = {}
-        self._history: dict[int, deque[tuple[float, tuple[float, ...]]]] = {}
+        # Per pod, its sample times and the series at each (parallel lists, in time order).
+        self._history: dict[int, tuple[list[float], list[np.ndarray]]] = {}
         self.latest: dict[int, Gauges] = {}  # pods whose last scrape succeeded
 
     def scrape(
@@ -222,35 +255,41 @@ class EmulatedPrometheus:
             seen[replica.pod] = Gauges(
                 waiting=replica.num_waiting, running=replica.num_running, kv_usage=replica.kv_usage
             )
-            self._history.setdefault(replica.pod, deque()).append((now, pod.snapshot()))
+            snapshot = np.array(pod.snapshot())
+            times, values = self._history.setdefault(replica.pod, ([], []))
+            times.append(now)
+            values.append(snapshot)
         self.latest = seen
         horizon = now - max(self.windows + self.budget_windows) - 1.0
-        for pod_id in list(self._history):
-            samples = self._history[pod_id]
-            while len(samples) > 1 and samples[1][0] <= horizon:
-                samples.popleft()
+        for times, values in self._history.values():
+            # Every sample at or before the horizon goes but the last of them.
+            old = bisect.bisect_right(times, horizon) - 1
+            if old > 0:
+                del times[:old], values[:old]
 
     def _rates(self, now: float, window: float) -> list[float] | None:
         """Σ over pods of rate(series[window]) for every series; None when no pod has two
         samples in the window."""
-        total = [0.0] * WIDTH
+        total = np.zeros(WIDTH)
         any_pod = False
         start = now - window
-        for samples in self._history.values():
-            # The samples are in time order: the window's are the last ones, at most `now`.
-            last = len(samples)
-            while last and samples[last - 1][0] > now:
-                last -= 1
-            first = last
-            while first and samples[first - 1][0] > start:
-                first -= 1
+        for times, values in self._history.values():
+            # The window's samples: after `start`, at most `now`.
+            last = bisect.bisect_right(times, now)
+            first = bisect.bisect_right(times, start, 0, last)
             if last - first < 2:
                 continue
-            (t0, values0), (t1, values1) = samples[first], samples[last - 1]
-            rates = extrapolated_rates(values0, values1, t0, t1, last - first, start=start, end=now)
-            total = [a + b for a, b in zip(total, rates, strict=True)]
+            total = total + _extrapolated_rates(
+                values[first],
+                values[last - 1],
+                times[first],
+                times[last - 1],
+                last - first,
+                start=start,
+                end=now,
+            )
             any_pod = True
-        return total if any_pod else None
+        return total.tolist() if any_pod else None
 
     def round(self, now: float) -> Round:
         """What the operator's round of `round_queries(windows)` would return now."""

@@ -28,8 +28,11 @@ next event: the next finish (a heap of finish step numbers against a per-replica
 the caller's next time (an arrival, a scrape, a control tick), a queue deadline, or the step where
 the KV pool would overflow (from the counts of sequences per block-boundary residue). Decoding
 sequences are kept lazily (their context is `base + step counter`), so a jump is O(block size +
-log n). Steps with prefill or admissions run one at a time (`fast=False` runs every step so, for
-tests).
+log n). Steps with prefill or admissions run one at a time, the decoding sequences still lazy (each
+takes one token of the budget and its new blocks come from the residue counts), so such a step
+costs O(prefilling + admitted); a step that may preempt runs the exact path. `fast=False` (the
+`step` engine) runs every step exactly, the reference that tests/unit/test_sim_engines.py holds
+the fast path to.
 """
 
 from __future__ import annotations
@@ -283,7 +286,7 @@ class SimReplica:
                     deadline = self._next_deadline()
                     self.clock = min(due, deadline if deadline is not None else math.inf, t)
                     continue
-            if self.fast and self._jump(t):
+            if self.fast and (self._jump(t) or self._lazy_step()):
                 continue
             if not self._step():
                 self.clock = t  # nothing could run (cannot happen with a valid profile)
@@ -336,6 +339,8 @@ class SimReplica:
     def _new_blocks(self, k: int) -> int:
         """KV blocks the decoding sequences add over the next k steps: step j takes a sequence
         from context c to c + 1, which needs a new block when c is a multiple of the block size."""
+        if k == 1:  # the next step alone (every admission check asks)
+            return self._residues[-self.steps % self.bs]
         n, bs, res = len(self.decoding), self.bs, self._residues
         cycles, rest = divmod(k, bs)
         return cycles * n + sum(res[-(self.steps + j) % bs] for j in range(rest))
@@ -423,6 +428,93 @@ class SimReplica:
         self.clock += k * alpha + beta * k * (k - 1) / 2
         self.steps += k
         self.num_jumps += 1
+        self._finish_decodes()
+        return True
+
+    def _lazy_step(self) -> bool:
+        """One step with prefill chunks or admissions in which the decoding sequences stay lazy:
+        each takes one token of the budget and grows by the step counter, so the step costs
+        O(prefilling + admitted), not O(running). It is `_step` to the last bit (the same
+        integers reach the profile) whenever no sequence is preempted; False, with nothing
+        changed, when one might be or the budget cannot give every decode its token: then the
+        exact path runs the step."""
+        n = len(self.decoding)
+        budget = self.token_budget - n
+        if not n or budget < 0:
+            return False
+        grown = self._new_blocks(1)
+        free = self.num_blocks - self.used - grown
+        if free < 0:
+            return False  # a decode cannot grow: the exact path preempts
+        bs = self.bs
+        # The scheduler's order: the decode group (uncomputed == 1, here the lazy set and any
+        # prefill with one token left), then prefill chunks, each by rank. Every decode gets its
+        # token before any chunk, so only the chunks' order and sizes need working out.
+        ranked = sorted(self.prefilling, key=_RANK)
+        ones = [s for s in ranked if s.prompt + s.generated - s.computed == 1]
+        if len(ones) > budget:
+            return False  # the budget runs out inside the decode group: rank order decides
+        chunks: list[tuple[_Seq, int]] = [(s, 1) for s in ones]
+        budget -= len(ones)
+        for seq in ranked:
+            left = seq.prompt + seq.generated - seq.computed
+            if left == 1:
+                continue
+            take = min(left, budget)
+            if take == 0:
+                continue
+            chunks.append((seq, take))
+            budget -= take
+        for seq, take in chunks:
+            need = max(0, -(-(seq.computed + take) // bs) - seq.blocks)
+            if need > free:
+                return False  # a chunk would preempt
+            free -= need
+        now = self.clock
+        self.used += grown
+        chosen: dict[int, tuple[_Seq, int]] = {}
+        for seq, take in chunks:
+            self._allocate(seq, seq.computed + take)
+            chosen[id(seq)] = (seq, take)
+        admitted, budget = self._admit(now, budget, n + len(ranked), chosen)
+        decodes = n
+        prefill = 0
+        context = self._base_sum + n * (self.steps + 1)
+        for seq, take in chosen.values():
+            if seq.prompt + seq.generated - seq.computed == 1 and seq.generated > 0:
+                decodes += 1
+            else:
+                prefill += take
+            context += seq.computed + take
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+        self.clock = now + self.profile.step_seconds(decodes, prefill, context)
+        self.steps += 1
+        explicit = [*ranked, *admitted]
+        for seq, take in chosen.values():
+            seq.computed += take
+            if seq.computed < seq.tokens:
+                continue
+            seq.generated += 1
+            if seq.first_token is None:
+                seq.first_token = self.clock
+                self._publish_prompt(seq)
+            if seq.generated >= seq.target:
+                self.used -= seq.blocks
+                seq.blocks = 0
+                explicit.remove(seq)
+                self._record_end(seq, self.clock, "ok")
+        self._finish_decodes()
+        self.prefilling = []
+        for seq in explicit:
+            if seq.generated > 0 and seq.prompt + seq.generated - seq.computed == 1:
+                self._register_decoding(seq)
+            else:
+                self.prefilling.append(seq)
+        return True
+
+    def _finish_decodes(self) -> None:
+        """Ends the lazy sequences whose last token came at the current step."""
         while self._finishes and self._finishes[0][0] == self.steps:
             _, _, seq = heapq.heappop(self._finishes)
             del self.decoding[seq.rid]
@@ -432,7 +524,6 @@ class SimReplica:
             seq.generated = seq.gbase + self.steps
             self.used -= -(-seq.computed // self.bs)
             self._record_end(seq, self.clock, "ok")
-        return True
 
     # --- the prefix cache -------------------------------------------------------------------
 
@@ -520,7 +611,8 @@ class SimReplica:
                 budget -= n
         running = [s for s in running if id(s) in alive]
         if not preempted:
-            budget = self._admit(now, budget, running, chosen)
+            admitted, budget = self._admit(now, budget, len(running), chosen)
+            running += admitted
         if not chosen:
             self._regroup(running)
             return preempted
@@ -552,12 +644,14 @@ class SimReplica:
         return True
 
     def _admit(
-        self, now: float, budget: int, running: list[_Seq], chosen: dict[int, tuple[_Seq, int]]
-    ) -> int:
-        cap = self._admission_cap(len(running), now)
-        admitted = 0
+        self, now: float, budget: int, running: int, chosen: dict[int, tuple[_Seq, int]]
+    ) -> tuple[list[_Seq], int]:
+        """Admits waiting requests in arrival order while `running` (the count before) plus the
+        admitted stays under the cap; returns them and the budget left."""
+        cap = self._admission_cap(running, now)
+        admitted: list[_Seq] = []
         for seq in self.waiting:
-            if len(running) >= cap or budget == 0:
+            if running + len(admitted) >= cap or budget == 0:
                 break
             cached = self._cached_tokens(seq)
             n = min(seq.uncomputed - cached, budget)
@@ -566,12 +660,11 @@ class SimReplica:
             self._use_prefix(seq, cached)
             self._allocate(seq, cached + n)
             seq.deadline = None  # admitted once: a later preemption never times it out
-            running.append(seq)
+            admitted.append(seq)
             chosen[id(seq)] = (seq, n)
             budget -= n
-            admitted += 1
-        del self.waiting[:admitted]
-        return budget
+        del self.waiting[: len(admitted)]
+        return admitted, budget
 
     def _preempt(self, seq: _Seq, alive: set[int]) -> None:
         alive.discard(id(seq))

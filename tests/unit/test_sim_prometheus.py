@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -180,3 +181,16 @@ def test_a_pods_series_are_rated_each_as_prometheus_rates_one():
     for f, la, rate in zip(first, last, rates, strict=True):
         assert extrapolated_rate(f, la, 3.0, 58.0, 12, start=0.0, end=60.0) == rate
     assert extrapolated_rates(first, last, 3.0, 3.0, 1, start=0.0, end=60.0) == [0.0] * 3
+
+
+def test_the_rates_over_arrays_are_bit_identical_to_one_series_at_a_time():
+    rng = random.Random(5)
+    first = [float(rng.choice((0, 0, 3, rng.randrange(1000)))) for _ in range(200)]
+    last = [f + rng.choice((0.0, 1.0, rng.randrange(5000))) for f in first]
+    for t_first, t_last, samples in ((0.5, 59.5, 13), (3.0, 58.0, 12), (40.0, 55.0, 4)):
+        rates = extrapolated_rates(first, last, t_first, t_last, samples, start=0.0, end=60.0)
+        one_by_one = [
+            extrapolated_rate(f, la, t_first, t_last, samples, start=0.0, end=60.0)
+            for f, la in zip(first, last, strict=True)
+        ]
+        assert rates == one_by_one  # to the last bit: a faster round must not move a decision
