@@ -663,6 +663,11 @@ def register(commands: Any) -> None:
         help="the matrix's conditions at these rate scales only (default: all of them)",
     )
     parser.add_argument(
+        "--starts",
+        metavar="S[,S…]",
+        help="the matrix's conditions at these pod starts only (default: all of them)",
+    )
+    parser.add_argument(
         "--window",
         metavar="START-END",
         help="cut each trace file to this window (seconds, or 8h-13h; its clock starts at 0 "
@@ -749,6 +754,9 @@ def run(args: argparse.Namespace) -> int:
     if args.scale:
         scales = parse_scales(args.scale, "--scale")
         conditions = [c for c in conditions if c.scale in scales]
+    if args.starts:
+        starts = parse_scales(args.starts, "--starts")
+        conditions = [c for c in conditions if c.cold_start_s in starts]
     if args.window:
         parse_window(args.window)  # a bad window is one clear line before anything runs
         if not files:

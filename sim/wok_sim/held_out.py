@@ -52,13 +52,14 @@ def trace_format(path: Path) -> str:
 
 
 def parse_scales(text: str, what: str) -> tuple[float, ...]:
-    """`X[,X…]`: positive rate scales, each once, in order; a clear error for anything else."""
+    """`X[,X…]`: positive numbers (rate scales, pod starts), each once, in order; a clear error
+    for anything else."""
     try:
         factors = tuple(float(x) for x in text.split(","))
     except ValueError:
         factors = ()
     if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
-        raise ValueError(f"bad {what}: want positive rate scales X[,X…], got {text!r}")
+        raise ValueError(f"bad {what}: want positive numbers X[,X…], got {text!r}")
     return tuple(dict.fromkeys(factors))
 
 
