@@ -150,6 +150,27 @@ def matrix(*, quick: bool = False) -> list[Condition]:
     return conditions
 
 
+def pick(
+    conditions: Iterable[Condition],
+    traces: Iterable[str],
+    slos: Iterable[str],
+    *,
+    scales: Iterable[float] = (),
+    starts: Iterable[float] = (),
+) -> list[Condition]:
+    """The conditions on these traces under these SLO sets, at these rate scales and pod starts
+    (none given: every one)."""
+    traces, slos, scales, starts = set(traces), set(slos), set(scales), set(starts)
+    return [
+        c
+        for c in conditions
+        if c.trace in traces
+        and c.slo in slos
+        and (not scales or c.scale in scales)
+        and (not starts or c.cold_start_s in starts)
+    ]
+
+
 # What one worker process keeps between jobs: arrivals and contexts are built once per draw.
 _CACHE: dict[Any, Any] = {}
 
@@ -750,13 +771,13 @@ def run(args: argparse.Namespace) -> int:
     slos = {s.strip() for s in args.slo.split(",") if s.strip()}
     if not slos or slos - set(SLO_SETS):
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
-    conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
-    if args.scale:
-        scales = parse_scales(args.scale, "--scale")
-        conditions = [c for c in conditions if c.scale in scales]
-    if args.starts:
-        starts = parse_scales(args.starts, "--starts")
-        conditions = [c for c in conditions if c.cold_start_s in starts]
+    conditions = pick(
+        matrix(quick=args.quick),
+        traces,
+        slos,
+        scales=parse_scales(args.scale, "--scale") if args.scale else (),
+        starts=parse_scales(args.starts, "--starts") if args.starts else (),
+    )
     if args.window:
         parse_window(args.window)  # a bad window is one clear line before anything runs
         if not files:

@@ -29,6 +29,7 @@ from wok_sim.evaluate import (
     judge,
     matrix,
     misses,
+    pick,
     run_all,
     second_jobs,
     variants_of,
@@ -174,6 +175,12 @@ def test_the_day_runs_only_when_named(capsys: pytest.CaptureFixture[str]) -> Non
     )
     long = {(c.trace, c.scale, c.slo) for c in matrix() if c.trace in ON_REQUEST}
     assert long == {(t, s, slo) for t in ON_REQUEST for s in (1.0, 3.0) for slo in SLO_SETS}
+
+
+def test_the_matrix_s_conditions_are_picked_by_trace_slo_scale_and_pod_start() -> None:
+    picked = pick(matrix(), {"code", "day"}, {"loose"}, scales=(3.0,), starts=(90.0,))
+    assert picked == [Condition("code", 3.0, 90.0, "loose"), Condition("day", 3.0, 90.0, "loose")]
+    assert len(pick(matrix(), {"code"}, {"loose"})) == 9  # none given: every scale and start
 
 
 def test_a_window_of_a_trace_is_the_whole_trace_s_draw_cut_and_moved_to_zero(
