@@ -10,7 +10,8 @@ each group is run here, one at a time, its CPU seconds timed (`time.process_time
 and the planner's warm start built before the clock starts, as a worker keeps them between
 jobs), and each group's mean times its count is its estimate.
 
-    nice -n 10 .venv/bin/python bench/matrix_cpu.py --journal J --every 20 --out bench/results/matrix_cpu.md
+    nice -n 10 .venv/bin/python bench/matrix_cpu.py --journal J --every 50 \\
+        --out bench/results/matrix_cpu.md
 """
 
 from __future__ import annotations
