@@ -721,6 +721,27 @@ def register(commands: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def report_name(
+    *,
+    quick: bool,
+    traces: Iterable[str],
+    files: Sequence[str],
+    slos: Iterable[str],
+    scales: Sequence[float] = (),
+    starts: Sequence[float] = (),
+) -> str:
+    """The report's file name (no suffix): `evaluation` for the whole default matrix, else what
+    the run kept (traces, trace files, rate scales, pod starts, SLO sets), so that a part never
+    overwrites the whole."""
+    picked = [f"x{s:g}" for s in scales] + [f"{s:g}s" for s in starts]
+    traces, slos = set(traces), set(slos)
+    default = {t for t in TRACES if t not in ON_REQUEST}
+    whole = not files and not picked and (traces, slos) == (default, set(SLO_SETS))
+    stems = [Path(split_window(path)[0]).stem for path in files]
+    parts = [] if whole else [*sorted(traces), *stems, *picked, *sorted(slos)]
+    return "-".join(["evaluation", *(["quick"] if quick else []), *parts])
+
+
 def render(path: Path) -> int:
     from wok_sim.evaluation_report import markdown, outcomes_of, plot, to_json
 
@@ -771,18 +792,14 @@ def run(args: argparse.Namespace) -> int:
     slos = {s.strip() for s in args.slo.split(",") if s.strip()}
     if not slos or slos - set(SLO_SETS):
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
-    conditions = pick(
-        matrix(quick=args.quick),
-        traces,
-        slos,
-        scales=parse_scales(args.scale, "--scale") if args.scale else (),
-        starts=parse_scales(args.starts, "--starts") if args.starts else (),
-    )
+    scales = parse_scales(args.scale, "--scale") if args.scale else ()
+    starts = parse_scales(args.starts, "--starts") if args.starts else ()
+    conditions = pick(matrix(quick=args.quick), traces, slos, scales=scales, starts=starts)
     if args.window:
         parse_window(args.window)  # a bad window is one clear line before anything runs
         if not files:
             raise ValueError("--window cuts trace files: name one with --trace PATH")
-        files = [(f"{path}{WINDOW}{args.window}", scales) for path, scales in files]
+        files = [(f"{path}{WINDOW}{args.window}", factors) for path, factors in files]
     held = held_out(files, slos, args.cold_start)
     check_held_out(held)
     conditions += held
@@ -809,10 +826,14 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    whole = not files and (traces, slos) == (set(default_traces), set(SLO_SETS))
-    stems = [Path(split_window(path)[0]).stem for path, _ in files]
-    parts = [] if whole else [*sorted(traces), *stems, *sorted(slos)]
-    name = "-".join(["evaluation", *(["quick"] if args.quick else []), *parts])
+    name = report_name(
+        quick=args.quick,
+        traces=traces,
+        files=[path for path, _ in files],
+        slos=slos,
+        scales=scales,
+        starts=starts,
+    )
     (args.out / f"{name}.md").write_text(markdown(ev, command))
     (args.out / f"{name}.json").write_text(to_json(ev, outcomes, command))
     plot(ev, args.out / f"{name}.png")

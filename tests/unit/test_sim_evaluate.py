@@ -30,6 +30,7 @@ from wok_sim.evaluate import (
     matrix,
     misses,
     pick,
+    report_name,
     run_all,
     second_jobs,
     variants_of,
@@ -181,6 +182,16 @@ def test_the_matrix_s_conditions_are_picked_by_trace_slo_scale_and_pod_start() -
     picked = pick(matrix(), {"code", "day"}, {"loose"}, scales=(3.0,), starts=(90.0,))
     assert picked == [Condition("code", 3.0, 90.0, "loose"), Condition("day", 3.0, 90.0, "loose")]
     assert len(pick(matrix(), {"code"}, {"loose"})) == 9  # none given: every scale and start
+
+
+def test_a_part_of_the_matrix_never_takes_the_whole_matrix_s_report_name() -> None:
+    default, both = {"code", "conv", "mooncake"}, {"loose", "tight"}
+    assert report_name(quick=False, traces=default, files=[], slos=both) == "evaluation"
+    part = report_name(quick=False, traces=default, files=[], slos=both, scales=(1.0, 3.0),
+                       starts=(90.0,))  # fmt: skip
+    assert part == "evaluation-code-conv-mooncake-x1-x3-90s-loose-tight"
+    mine = report_name(quick=False, traces=set(), files=["a/day.json#8h-13h"], slos={"loose"})
+    assert mine == "evaluation-day-loose"
 
 
 def test_a_window_of_a_trace_is_the_whole_trace_s_draw_cut_and_moved_to_zero(
