@@ -142,12 +142,13 @@ def _p(p: Point | None) -> str:
     return f"{p.name} B{p.batch}: {_pct(p.attainment)} % at {p.gpu_hours:.2f} ({p.seeds} seeds)"
 
 
-def markdown(rows: Sequence[Standing], commands: Sequence[str]) -> str:
+def markdown(rows: Sequence[Standing], commands: Sequence[str], notes: Sequence[str] = ()) -> str:
     lines = [
         "# wok against each competitor, swept over its targets",
         "",
         *(f"Made from: `{c}`" for c in commands),
         "",
+        *(f"{n}\n" for n in notes),
         "Each competitor's variants are its targets, each at its best B (in hindsight); its "
         "frontier at wok's mean GPU-h is linear between adjacent variants and never below a "
         "cheaper one, as the static frontier is read. wok: mean over its seeds; a variant "
@@ -230,6 +231,7 @@ def main() -> int:
     parser.add_argument("--evaluation", type=Path, action="append", default=[])
     parser.add_argument("--day", type=Path, action="append", default=[])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--note", action="append", default=[], help="a paragraph: how it ran")
     args = parser.parse_args()
     rows: list[Standing] = []
     commands = []
@@ -245,7 +247,12 @@ def main() -> int:
         rows += mine
         commands.append(json.loads(path.read_text())["command"])
         plot_day(runs, mine, label, args.out.with_name(f"{args.out.stem}-{path.stem}.png"))
-    args.out.write_text(markdown(rows, commands))
+    command = "python bench/field_table.py " + " ".join(
+        [*(f"--evaluation {p}" for p in args.evaluation), *(f"--day {p}" for p in args.day)]
+        + [f"--out {args.out}"]
+        + (["--note TEXT (each paragraph above)"] if args.note else [])
+    )
+    args.out.write_text(markdown(rows, [*commands, command], args.note))
     print(args.out.read_text())
     return 0
 
