@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -126,10 +127,10 @@ def static_jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
     return [Job(condition(scale), seed, STATIC, n * 1000 + b) for seed, n, b in fleets]
 
 
-def jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
+def jobs(seeds: list[int], scale: float = 1.0, rival_seeds: Sequence[int] = ()) -> list[Job]:
     """wok on the first seed, the first three static fleets, two rivals, the other static
     fleets; then seed by seed wok and the static fleets near it (a stopped run leaves whole seeds
-    to compare); last the other rivals."""
+    to compare); last the other rivals, then every rival on each of `rival_seeds`."""
     cond = condition(scale)
     statics = static_jobs(seeds, scale)
     first = statics[: len(static_fleets(scale)[0])]
@@ -143,7 +144,8 @@ def jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
         for seed, w in zip(seeds[1:], wok[1:], strict=True)
         for job in (w, *(j for j in statics if j.seed == seed))
     ]
-    return [*wok[:1], *first[:3], *rivals[:2], *first[3:], *later, *rivals[2:]]
+    again = [Job(cond, seed, r.policy, r.variant) for seed in rival_seeds for r in rivals]
+    return [*wok[:1], *first[:3], *rivals[:2], *first[3:], *later, *rivals[2:], *again]
 
 
 def key(job: Job) -> str:
@@ -421,6 +423,9 @@ def main() -> int:
     parser.add_argument(
         "--only", default="", help="PREFIX[,PREFIX…]: run the jobs whose key starts with one"
     )
+    parser.add_argument(
+        "--rival-seeds", default="", help="SEED[,SEED…]: run the rivals on these seeds too"
+    )
     parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
     parser.add_argument("--scale", type=float, default=1.0, help="the day's rate ×, ≥ 1")
     parser.add_argument(
@@ -438,7 +443,11 @@ def main() -> int:
     done = {r["key"] for r in runs}
     todo = [
         j
-        for j in jobs([int(s) for s in args.seeds.split(",")], args.scale)
+        for j in jobs(
+            [int(s) for s in args.seeds.split(",")],
+            args.scale,
+            [int(s) for s in args.rival_seeds.split(",") if s],
+        )
         if key(j) not in done and key(j).startswith(tuple(args.only.split(",")))
     ]
     print(f"{len(todo)} simulations to run", file=sys.stderr)
