@@ -53,6 +53,7 @@ class Standing:
     best: Point  # its variant with the highest attainment
     dominated_by: Point | None  # a variant as good for no more GPU-h, one of them strictly
     variants: int
+    cheapest_gpu_hours: float  # its cheapest variant's: above wok's, its frontier there is none
 
     @property
     def above(self) -> bool:
@@ -77,6 +78,7 @@ def standing(condition: str, competitor: str, wok: Point, variants: Sequence[Poi
         best=max(front, key=lambda p: (p.attainment, -p.gpu_hours)),
         dominated_by=min(dominating, key=lambda p: p.gpu_hours, default=None),
         variants=len(front),
+        cheapest_gpu_hours=front[0].gpu_hours,
     )
 
 
@@ -162,9 +164,14 @@ def markdown(rows: Sequence[Standing], commands: Sequence[str], notes: Sequence[
     ]
     for s in rows:
         ratio = f"{s.nearest.gpu_hours / s.wok.gpu_hours:.2f}×" if s.nearest else "-"
+        there = (
+            _pct(s.frontier_there)
+            if s.cheapest_gpu_hours <= s.wok.gpu_hours
+            else "none (every variant costs more)"
+        )
         lines.append(
             f"| {s.condition} | {s.competitor.removesuffix('-swept')} | {s.variants} "
-            f"| {_pct(s.wok.attainment)} at {s.wok.gpu_hours:.2f} | {_pct(s.frontier_there)} "
+            f"| {_pct(s.wok.attainment)} at {s.wok.gpu_hours:.2f} | {there} "
             f"| {'yes' if s.above else '**no**'} | {_p(s.nearest)} | {ratio} "
             f"| {'**' + _p(s.dominated_by) + '**' if s.dominated_by else 'no'} |"
         )
