@@ -257,7 +257,7 @@ def main() -> int:
     command = "python bench/field_table.py " + " ".join(
         [*(f"--evaluation {p}" for p in args.evaluation), *(f"--day {p}" for p in args.day)]
         + [f"--out {args.out}"]
-        + (["--note TEXT (each paragraph above)"] if args.note else [])
+        + (["--note TEXT (each paragraph below)"] if args.note else [])
     )
     args.out.write_text(markdown(rows, [*commands, command], args.note))
     print(args.out.read_text())

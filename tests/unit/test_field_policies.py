@@ -35,7 +35,7 @@ def test_the_field_is_registered_out_of_all_and_swept_by_target() -> None:
     assert swept >= {"aibrix-apa-kv-0.05", "aibrix-apa-kv-0.1", "aibrix-apa-waiting-100"}
     # KV usage targets that never scale past one pod on the matrix's traces are not swept.
     assert not swept & {"aibrix-apa-kv-0.2", "aibrix-apa-kv-0.5"}
-    assert [p.name for p in registry["aibrix-apa"].variants(ctx)][0] == "aibrix-apa"
+    assert {p.name for p in registry["aibrix-apa"].variants(ctx)} == {"aibrix-apa"}
 
 
 def _view(now: float, replicas: int, finished_per_s: float) -> FleetView:
