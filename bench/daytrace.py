@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -60,6 +61,25 @@ BASELINES = (
     ("hpa-concurrency-swept", "hpa-concurrency-2", 32),
     ("hpa-concurrency-swept", "hpa-concurrency-8", 64),
     ("keda-waiting-swept", "keda-waiting-20", 64),
+)
+# The field's autoscalers (their `-swept` registry entries) over their targets at B64, the B
+# the day's frontier chose: AIBrix on the waiting queue only (on KV usage they do not scale up
+# on these loads, bench/results/field_ports.md), Dynamo's planner and WVA at each target scale.
+# A day's simulation is minutes on the shared machine: one target of each first, in this order.
+FIELD = tuple(
+    (registry, f"{prefix}{target}", 64)
+    for targets in (
+        ("5", "1", "1"),
+        ("20", "0.6", "0.6"),
+        ("2", "0.2", "0.2"),
+        ("100", "0.4", "0.4"),
+    )
+    for registry, prefix, target in zip(
+        ("aibrix-apa-swept", "aibrix-kpa-swept", "dynamo-planner-swept", "wva-swept"),
+        ("aibrix-apa-waiting-", "aibrix-kpa-waiting-", "dynamo-planner-", "wva-"),
+        (targets[0], targets[0], targets[1], targets[2]),
+        strict=True,
+    )
 )
 HOUR_S = 3600.0
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -107,16 +127,16 @@ def static_jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
     return [Job(condition(scale), seed, STATIC, n * 1000 + b) for seed, n, b in fleets]
 
 
-def jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
+def jobs(seeds: list[int], scale: float = 1.0, rival_seeds: Sequence[int] = ()) -> list[Job]:
     """wok on the first seed, the first three static fleets, two rivals, the other static
     fleets; then seed by seed wok and the static fleets near it (a stopped run leaves whole seeds
-    to compare); last the other rivals."""
+    to compare); last the other rivals, then every rival on each of `rival_seeds`."""
     cond = condition(scale)
     statics = static_jobs(seeds, scale)
     first = statics[: len(static_fleets(scale)[0])]
     rivals = [
         Job(cond, seeds[0], registry, variants_of(registry, cond, seeds[0]).index((name, b)))
-        for registry, name, b in BASELINES
+        for registry, name, b in (*BASELINES, *FIELD)
     ]
     wok = [Job(cond, seed, "wok", 0) for seed in seeds]
     later = [
@@ -124,7 +144,8 @@ def jobs(seeds: list[int], scale: float = 1.0) -> list[Job]:
         for seed, w in zip(seeds[1:], wok[1:], strict=True)
         for job in (w, *(j for j in statics if j.seed == seed))
     ]
-    return [*wok[:1], *first[:3], *rivals[:2], *first[3:], *later, *rivals[2:]]
+    again = [Job(cond, seed, r.policy, r.variant) for seed in rival_seeds for r in rivals]
+    return [*wok[:1], *first[:3], *rivals[:2], *first[3:], *later, *rivals[2:], *again]
 
 
 def key(job: Job) -> str:
@@ -399,7 +420,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0", help="wok's seeds, comma-separated")
     parser.add_argument("--jobs", type=int, default=2, help="parallel simulations")
-    parser.add_argument("--only", default="", help="run the jobs whose key starts with this")
+    parser.add_argument(
+        "--only", default="", help="PREFIX[,PREFIX…]: run the jobs whose key starts with one"
+    )
+    parser.add_argument(
+        "--rival-seeds", default="", help="SEED[,SEED…]: run the rivals on these seeds too"
+    )
     parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
     parser.add_argument("--scale", type=float, default=1.0, help="the day's rate ×, ≥ 1")
     parser.add_argument(
@@ -417,8 +443,12 @@ def main() -> int:
     done = {r["key"] for r in runs}
     todo = [
         j
-        for j in jobs([int(s) for s in args.seeds.split(",")], args.scale)
-        if key(j) not in done and key(j).startswith(args.only)
+        for j in jobs(
+            [int(s) for s in args.seeds.split(",")],
+            args.scale,
+            [int(s) for s in args.rival_seeds.split(",") if s],
+        )
+        if key(j) not in done and key(j).startswith(tuple(args.only.split(",")))
     ]
     print(f"{len(todo)} simulations to run", file=sys.stderr)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -260,6 +260,44 @@ def parse_splice(text: str) -> tuple[str, float, float]:
         raise ValueError(f"bad splice {text!r} (want TRACE@START-END)") from None
 
 
+def cut_window(requests: list[TraceRequest], start_s: float, end_s: float) -> list[TraceRequest]:
+    """The requests that arrive in [start_s, end_s), their clock moved to start there: a window
+    of a longer trace (a morning's ramp out of a day) with the draws the whole trace made."""
+    if not (0 <= start_s < end_s):
+        raise ValueError(f"a window needs 0 <= START < END, got {start_s:g}-{end_s:g}")
+    return [
+        dataclasses.replace(r, arrival_s=r.arrival_s - start_s)
+        for r in requests
+        if start_s <= r.arrival_s < end_s
+    ]
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """`START-END`, each seconds or with a unit (`8h-13h`, `30m-90m`, `600-1200`)."""
+
+    def seconds(part: str) -> float:
+        part = part.strip()
+        unit = _UNITS.get(part[-1:])
+        value = float(part[:-1] if unit else part) * (unit or 1.0)
+        if not math.isfinite(value):
+            raise ValueError(part)
+        return value
+
+    start, dash, end = text.partition("-")
+    try:
+        window = seconds(start), seconds(end)
+    except ValueError:
+        window = None
+    if not dash or window is None or not (0 <= window[0] < window[1]):
+        raise ValueError(
+            f"bad window {text!r} (want START-END, e.g. 8h-13h or 600-1200, START < END)"
+        )
+    return window
+
+
 def clip_to_model(
     requests: list[TraceRequest], max_model_len: int
 ) -> tuple[list[TraceRequest], int]:

@@ -49,9 +49,15 @@ TRACES = {
     "conv": str(TRACES_DIR / "azure_llm_2023_conv.csv"),
     "mooncake": str(TRACES_DIR / "mooncake_conversation.jsonl"),
     "day": str(TRACES_DIR / "servegen_m_large.json"),  # its default day, drawn with each seed
+    # The day's morning ramp, 08:00 to 13:00 (13 to 31 arrivals/s at ×1), cut from the day's draw.
+    "morning": str(TRACES_DIR / "servegen_m_large.json") + "#8h-13h",
 }
 #: Run only when named (`--trace day`): a day is 24 times an hour-long trace's simulations.
-ON_REQUEST = ("day",)
+ON_REQUEST = ("day", "morning")
+#: The rate scales of the multi-hour traces: their own rate, and three times it (overlay).
+LONG_SCALES = (1.0, 3.0)
+#: A trace reference's window: `REF#START-END` (`wok_contracts.traces.parse_window`).
+WINDOW = "#"
 # Loose: the project's defaults. Tight: an interactive chat (25 tokens/s read speed and more).
 SLO_SETS = {"loose": (2.0, 0.1), "tight": (1.0, 0.04)}
 WARM_UP_S = 300.0  # longer than the slowest pod start of the matrix, plus a control tick
@@ -108,7 +114,7 @@ class Job:
     @property
     def cost(self) -> float:
         """A rough relative run time, to start the longest simulations first."""
-        weight = {"mooncake": 0.2, "day": 24.0}.get(self.condition.trace, 1.0)
+        weight = {"mooncake": 0.2, "day": 24.0, "morning": 5.0}.get(self.condition.trace, 1.0)
         return self.condition.scale * weight
 
 
@@ -125,7 +131,8 @@ class Outcome:
 def matrix(*, quick: bool = False) -> list[Condition]:
     """The conditions: on the shared code trace, the full grid of rate scale × pod start (loose
     SLOs), and the tight SLOs at ×3; on every other trace, its own rate at a 90 s start under
-    both SLO sets. `quick`: the Mooncake excerpt only, two conditions."""
+    both SLO sets, and the multi-hour ones (the day, its morning) at ×1 and ×3. `quick`: the
+    Mooncake excerpt only, two conditions."""
     if quick:
         return [
             Condition("mooncake", 1.0, 90.0, "loose"),
@@ -136,21 +143,57 @@ def matrix(*, quick: bool = False) -> list[Condition]:
         for start in (30.0, 90.0, 180.0)
     ]  # fmt: skip
     conditions.append(Condition("code", 3.0, 90.0, "tight"))
-    for trace in ("conv", "mooncake", *ON_REQUEST):
+    for trace in ("conv", "mooncake"):
         conditions += [Condition(trace, 1.0, 90.0, slo) for slo in SLO_SETS]
+    for trace in ON_REQUEST:
+        conditions += [Condition(trace, s, 90.0, slo) for s in LONG_SCALES for slo in SLO_SETS]
     return conditions
+
+
+def pick(
+    conditions: Iterable[Condition],
+    traces: Iterable[str],
+    slos: Iterable[str],
+    *,
+    scales: Iterable[float] = (),
+    starts: Iterable[float] = (),
+) -> list[Condition]:
+    """The conditions on these traces under these SLO sets, at these rate scales and pod starts
+    (none given: every one)."""
+    traces, slos, scales, starts = set(traces), set(slos), set(scales), set(starts)
+    return [
+        c
+        for c in conditions
+        if c.trace in traces
+        and c.slo in slos
+        and (not scales or c.scale in scales)
+        and (not starts or c.cold_start_s in starts)
+    ]
 
 
 # What one worker process keeps between jobs: arrivals and contexts are built once per draw.
 _CACHE: dict[Any, Any] = {}
 
 
+def split_window(ref: str) -> tuple[str, tuple[float, float] | None]:
+    """A trace reference's file (or built-in load) and its window in seconds, if it names one."""
+    from wok_contracts.traces import parse_window
+
+    path, sep, window = ref.rpartition(WINDOW)
+    return (path, parse_window(window)) if sep else (ref, None)
+
+
 def _requests(trace: str, scale: float, seed: int) -> list[Any]:
-    from wok_contracts.traces import load_trace, scale_rate
+    """A condition's arrivals: the trace drawn with `seed`, cut to its window (the window's
+    clock starts at 0), then overlaid to `scale`."""
+    from wok_contracts.traces import cut_window, load_trace, scale_rate
 
     key = ("requests", trace, scale, seed)
     if key not in _CACHE:
-        requests = load_trace(TRACES.get(trace, trace), seed=seed)
+        ref, window = split_window(TRACES.get(trace, trace))
+        requests = load_trace(ref, seed=seed)
+        if window is not None:
+            requests = cut_window(requests, *window)
         if scale != 1.0:
             requests = scale_rate(requests, scale, mode="overlay", seed=seed)
         _CACHE[key] = requests
@@ -628,11 +671,28 @@ def register(commands: Any) -> None:
         action="append",
         metavar="NAMES | PATH[@SCALE,…]",
         help=f"repeatable. NAME[,NAME…]: the matrix's conditions on these built-in traces only "
-        f"(default: {default_traces}; also {', '.join(ON_REQUEST)}: the ServeGen day). PATH: a "
+        f"(default: {default_traces}; also {', '.join(ON_REQUEST)}: the ServeGen day and its "
+        "08:00-13:00 morning ramp, each at x1 and x3). PATH: a "
         "trace file of your own, held out ("
         + ", ".join(f"{suffix}: {kind}" for suffix, kind in TRACE_FORMATS.items())
         + "), at each rate SCALE (overlay; default 1), under each --slo set, with the "
         "matrix's scoring",
+    )
+    parser.add_argument(
+        "--scale",
+        metavar="X[,X…]",
+        help="the matrix's conditions at these rate scales only (default: all of them)",
+    )
+    parser.add_argument(
+        "--starts",
+        metavar="S[,S…]",
+        help="the matrix's conditions at these pod starts only (default: all of them)",
+    )
+    parser.add_argument(
+        "--window",
+        metavar="START-END",
+        help="cut each trace file to this window (seconds, or 8h-13h; its clock starts at 0 "
+        "there) before scaling it: a morning's ramp out of a day",
     )
     parser.add_argument(
         "--cold-start",
@@ -661,6 +721,27 @@ def register(commands: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def report_name(
+    *,
+    quick: bool,
+    traces: Iterable[str],
+    files: Sequence[str],
+    slos: Iterable[str],
+    scales: Sequence[float] = (),
+    starts: Sequence[float] = (),
+) -> str:
+    """The report's file name (no suffix): `evaluation` for the whole default matrix, else what
+    the run kept (traces, trace files, rate scales, pod starts, SLO sets), so that a part never
+    overwrites the whole."""
+    picked = [f"x{s:g}" for s in scales] + [f"{s:g}s" for s in starts]
+    traces, slos = set(traces), set(slos)
+    default = {t for t in TRACES if t not in ON_REQUEST}
+    whole = not files and not picked and (traces, slos) == (default, set(SLO_SETS))
+    stems = [Path(split_window(path)[0]).stem for path in files]
+    parts = [] if whole else [*sorted(traces), *stems, *picked, *sorted(slos)]
+    return "-".join(["evaluation", *(["quick"] if quick else []), *parts])
+
+
 def render(path: Path) -> int:
     from wok_sim.evaluation_report import markdown, outcomes_of, plot, to_json
 
@@ -678,8 +759,9 @@ def render(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wok_contracts.traces import parse_window
     from wok_sim.evaluation_report import markdown, plot, to_json
-    from wok_sim.held_out import check_held_out, held_out, parse_traces
+    from wok_sim.held_out import check_held_out, held_out, parse_scales, parse_traces
     from wok_sim.policies import load_registry
 
     if args.render:
@@ -710,7 +792,14 @@ def run(args: argparse.Namespace) -> int:
     slos = {s.strip() for s in args.slo.split(",") if s.strip()}
     if not slos or slos - set(SLO_SETS):
         raise ValueError(f"--slo takes {', '.join(SLO_SETS)}, got {args.slo!r}")
-    conditions = [c for c in matrix(quick=args.quick) if c.trace in traces and c.slo in slos]
+    scales = parse_scales(args.scale, "--scale") if args.scale else ()
+    starts = parse_scales(args.starts, "--starts") if args.starts else ()
+    conditions = pick(matrix(quick=args.quick), traces, slos, scales=scales, starts=starts)
+    if args.window:
+        parse_window(args.window)  # a bad window is one clear line before anything runs
+        if not files:
+            raise ValueError("--window cuts trace files: name one with --trace PATH")
+        files = [(f"{path}{WINDOW}{args.window}", factors) for path, factors in files]
     held = held_out(files, slos, args.cold_start)
     check_held_out(held)
     conditions += held
@@ -737,10 +826,14 @@ def run(args: argparse.Namespace) -> int:
         else "wok evaluate"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    whole = not files and (traces, slos) == (set(default_traces), set(SLO_SETS))
-    stems = [Path(path).stem for path, _ in files]
-    parts = [] if whole else [*sorted(traces), *stems, *sorted(slos)]
-    name = "-".join(["evaluation", *(["quick"] if args.quick else []), *parts])
+    name = report_name(
+        quick=args.quick,
+        traces=traces,
+        files=[path for path, _ in files],
+        slos=slos,
+        scales=scales,
+        starts=starts,
+    )
     (args.out / f"{name}.md").write_text(markdown(ev, command))
     (args.out / f"{name}.json").write_text(to_json(ev, outcomes, command))
     plot(ev, args.out / f"{name}.png")

@@ -50,9 +50,9 @@ def markdown(ev: Evaluation, command: str) -> str:
         "[min–max] over them. Attainment: the share of requests within every SLO (TTFT and "
         "TPOT; loose 2 s / 0.1 s, tight 1 s / 0.04 s). Scored from "
         f"{WARM_UP_S:g} s for every policy. Frontier: every static N at its best B, linear "
-        "between adjacent N, at the policy's mean GPU-h. Rival: the cheapest swept HPA / KEDA "
-        "variant whose mean attainment reaches the policy's. The static fleets and the swept "
-        "baselines choose B and target in hindsight.",
+        "between adjacent N, at the policy's mean GPU-h. Rival: the cheapest variant of a swept "
+        "baseline (HPA, KEDA, AIBrix, Dynamo, WVA) whose mean attainment reaches the policy's. "
+        "The static fleets and the swept baselines choose B and target in hindsight.",
         "",
         "| condition | policy | all SLOs % [range] | GPU-h [range] | frontier % there "
         "| above | static-peak (99 %) | cheapest rival at its attainment | fewer GPU-h |",
@@ -160,7 +160,7 @@ def plot(ev: Evaluation, path: Path) -> None:
                 label="static frontier")  # fmt: skip
         rivals = ev.baselines[condition]
         ax.scatter([p.gpu_hours for p in rivals], [100 * p.attainment for p in rivals], s=8,
-                   color="tab:gray", alpha=0.6, label="HPA / KEDA swept")  # fmt: skip
+                   color="tab:gray", alpha=0.6, label="swept baselines")  # fmt: skip
         for v in (v for v in ev.verdicts if v.condition == condition):
             p = v.policy
             ax.errorbar(

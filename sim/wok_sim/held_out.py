@@ -14,7 +14,15 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from wok_sim.evaluate import SEEDS, SLO_SETS, TRACES, WARM_UP_S, Condition, _requests
+from wok_sim.evaluate import (
+    SEEDS,
+    SLO_SETS,
+    TRACES,
+    WARM_UP_S,
+    Condition,
+    _requests,
+    split_window,
+)
 
 #: The trace files `--trace PATH` reads, by suffix (`wok_contracts.traces.load_trace`).
 TRACE_FORMATS = {
@@ -43,6 +51,18 @@ def trace_format(path: Path) -> str:
     return kind
 
 
+def parse_scales(text: str, what: str) -> tuple[float, ...]:
+    """`X[,X…]`: positive numbers (rate scales, pod starts), each once, in order; a clear error
+    for anything else."""
+    try:
+        factors = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        factors = ()
+    if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
+        raise ValueError(f"bad {what}: want positive numbers X[,X…], got {text!r}")
+    return tuple(dict.fromkeys(factors))
+
+
 def parse_traces(values: Sequence[str]) -> tuple[list[str], list[tuple[str, tuple[float, ...]]]]:
     """`--trace` values: the built-in traces named, and each trace file with its rate scales."""
     names: list[str] = []
@@ -55,14 +75,9 @@ def parse_traces(values: Sequence[str]) -> tuple[list[str], list[tuple[str, tupl
         path, at, scales = value.rpartition("@")
         if not at or Path(value).is_file():
             path, scales = value, "1"
-        try:
-            factors = tuple(float(x) for x in scales.split(","))
-        except ValueError:
-            factors = ()
-        if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
-            raise ValueError(f"bad --trace {value!r}: want PATH[@SCALE,…] with positive scales")
+        factors = parse_scales(scales, f"--trace {value!r} (PATH[@SCALE,…])")
         trace_format(Path(path))
-        files.append((str(Path(path)), tuple(dict.fromkeys(factors))))
+        files.append((str(Path(path)), factors))
     if not names and not files:
         raise ValueError(f"--trace names no trace (built in: {', '.join(TRACES)}; or a file)")
     return names, files
@@ -88,6 +103,7 @@ def check_held_out(conditions: Sequence[Condition]) -> None:
     one too short to be scored from `WARM_UP_S`, is a clear error, and what it holds is said."""
     for trace, scale in dict.fromkeys((c.trace, c.scale) for c in conditions):
         requests = _requests(trace, scale, SEEDS[0])
+        path, _ = split_window(trace)
         span = requests[-1].arrival_s if requests else 0.0
         if span <= WARM_UP_S:
             raise ValueError(
@@ -95,7 +111,7 @@ def check_held_out(conditions: Sequence[Condition]) -> None:
                 f"{WARM_UP_S:g} s, so it needs arrivals after that"
             )
         print(
-            f"wok evaluate: {trace} ({trace_format(Path(trace))}) ×{scale:g}: "
+            f"wok evaluate: {trace} ({trace_format(Path(path))}) ×{scale:g}: "
             f"{len(requests):,} requests over {span / 3600:.2f} h",
             file=sys.stderr,
         )

@@ -71,7 +71,7 @@ def test_static_peak_and_the_frontier_are_means_over_wok_seeds(daytrace):
 
 
 def test_later_seeds_run_whole_before_the_remaining_rivals(daytrace, monkeypatch):
-    names = [(name, batch) for _, name, batch in daytrace.BASELINES]
+    names = [(name, batch) for _, name, batch in (*daytrace.BASELINES, *daytrace.FIELD)]
     monkeypatch.setattr(daytrace, "variants_of", lambda *_: names)
     order = [(j.policy, j.seed) for j in daytrace.jobs([0, 1, 2])]
     seeded = len(daytrace.SEEDED_STATICS)
@@ -86,7 +86,7 @@ def test_later_seeds_run_whole_before_the_remaining_rivals(daytrace, monkeypatch
 def test_a_larger_scale_runs_the_fleets_around_its_own_peak_into_its_own_files(
     daytrace, monkeypatch
 ):
-    names = [(name, batch) for _, name, batch in daytrace.BASELINES]
+    names = [(name, batch) for _, name, batch in (*daytrace.BASELINES, *daytrace.FIELD)]
     monkeypatch.setattr(daytrace, "variants_of", lambda *_: names)
     jobs = daytrace.jobs([0, 1], scale=3.0)
     assert {j.condition.scale for j in jobs} == {3.0}
@@ -101,6 +101,19 @@ def test_a_larger_scale_runs_the_fleets_around_its_own_peak_into_its_own_files(
     assert daytrace.static_fleets(1.0) == (daytrace.STATICS, daytrace.SEEDED_STATICS)
     assert daytrace.default_out(1.0).name == "daytrace.json"
     assert daytrace.default_out(3.0).name == "daytrace_x3.json"
+
+
+def test_the_rivals_run_again_on_the_seeds_asked_after_everything_else(daytrace, monkeypatch):
+    names = [(name, batch) for _, name, batch in (*daytrace.BASELINES, *daytrace.FIELD)]
+    monkeypatch.setattr(daytrace, "variants_of", lambda *_: names)
+    rivals = len(daytrace.BASELINES) + len(daytrace.FIELD)
+    jobs = daytrace.jobs([0], 1.0, [1, 2])
+    again = jobs[-2 * rivals :]
+    assert [j.seed for j in again] == [1] * rivals + [2] * rivals
+    assert [(j.policy, j.variant) for j in again[:rivals]] == [
+        (j.policy, j.variant) for j in jobs if j.seed == 0 and j.policy not in ("wok", "static")
+    ]
+    assert len(daytrace.jobs([0])) == len(jobs) - 2 * rivals
 
 
 def test_the_table_names_its_scale(daytrace):

@@ -12,6 +12,7 @@ from wok_sim.evaluate import (
     ON_REQUEST,
     PLATEAU,
     SEEDS,
+    SLO_SETS,
     STATIC,
     SWEPT_BASELINES,
     TRACES,
@@ -20,6 +21,7 @@ from wok_sim.evaluate import (
     Journal,
     Outcome,
     Point,
+    _requests,
     evaluate,
     first_jobs,
     frontier,
@@ -27,12 +29,14 @@ from wok_sim.evaluate import (
     judge,
     matrix,
     misses,
+    pick,
+    report_name,
     run_all,
     second_jobs,
     variants_of,
 )
 from wok_sim.evaluation_report import markdown, plot
-from wok_sim.held_out import held_out, parse_traces
+from wok_sim.held_out import check_held_out, held_out, parse_traces
 
 CODE = Condition("code", 3.0, 90.0, "loose")
 
@@ -164,11 +168,53 @@ def test_the_matrix_covers_scales_pod_starts_slos_and_every_trace() -> None:
 
 def test_the_day_runs_only_when_named(capsys: pytest.CaptureFixture[str]) -> None:
     """A day is 24 hours of simulations: `wok evaluate` alone keeps to the hour-long traces."""
-    assert ON_REQUEST == ("day",)
+    assert ON_REQUEST == ("day", "morning")
     with pytest.raises(SystemExit):
         main(["evaluate", "--help"])
-    assert "(default: code,conv,mooncake; also day" in " ".join(capsys.readouterr().out.split())
-    assert {c.trace for c in matrix() if c.trace == "day"} == {"day"}
+    assert "(default: code,conv,mooncake; also day, morning" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    long = {(c.trace, c.scale, c.slo) for c in matrix() if c.trace in ON_REQUEST}
+    assert long == {(t, s, slo) for t in ON_REQUEST for s in (1.0, 3.0) for slo in SLO_SETS}
+
+
+def test_the_matrix_s_conditions_are_picked_by_trace_slo_scale_and_pod_start() -> None:
+    picked = pick(matrix(), {"code", "day"}, {"loose"}, scales=(3.0,), starts=(90.0,))
+    assert picked == [Condition("code", 3.0, 90.0, "loose"), Condition("day", 3.0, 90.0, "loose")]
+    assert len(pick(matrix(), {"code"}, {"loose"})) == 9  # none given: every scale and start
+
+
+def test_a_part_of_the_matrix_never_takes_the_whole_matrix_s_report_name() -> None:
+    default, both = {"code", "conv", "mooncake"}, {"loose", "tight"}
+    assert report_name(quick=False, traces=default, files=[], slos=both) == "evaluation"
+    part = report_name(quick=False, traces=default, files=[], slos=both, scales=(1.0, 3.0),
+                       starts=(90.0,))  # fmt: skip
+    assert part == "evaluation-code-conv-mooncake-x1-x3-90s-loose-tight"
+    mine = report_name(quick=False, traces=set(), files=["a/day.json#8h-13h"], slos={"loose"})
+    assert mine == "evaluation-day-loose"
+
+
+def test_a_window_of_a_trace_is_the_whole_trace_s_draw_cut_and_moved_to_zero(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        f"2023-11-16 18:{m:02d}:{s:02d}.000000,{100 + s},{10 + m}"
+        for m in range(3)
+        for s in (0, 30)
+    ]
+    trace = tmp_path / "mine.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    whole = _requests(str(trace), 1.0, 0)
+    cut = _requests(f"{trace}#60-150", 1.0, 0)
+    assert [(r.arrival_s, r.prompt_tokens) for r in cut] == [
+        (r.arrival_s - 60, r.prompt_tokens) for r in whole if 60 <= r.arrival_s < 150
+    ]
+    assert [r.arrival_s for r in cut] == [0.0, 30.0, 60.0]
+    morning = Condition("morning", 1.0, 90.0, "loose")
+    assert morning.label == "morning ×1, 90 s start, loose SLOs"
+    assert TRACES["morning"] == TRACES["day"] + "#8h-13h"
+    with pytest.raises(ValueError, match=r"mine.csv#60-150 ×1 spans 60 s"):  # read as a CSV
+        check_held_out([Condition(f"{trace}#60-150", 1.0, 90.0, "loose")])
 
 
 def test_the_report_says_where_a_policy_loses() -> None:
@@ -251,6 +297,10 @@ def test_a_journaled_run_continues_where_it_stopped(tmp_path: Path) -> None:
         (["--trace", "load.csv@x"], "bad --trace 'load.csv@x'"),
         (["--trace", "/nonexistent/load.csv"], "trace /nonexistent/load.csv not found"),
         (["--cold-start", "-1"], "--cold-start must be >= 0 s"),
+        (["--scale", "0"], "bad --scale: want positive numbers"),
+        (["--starts", "x"], "bad --starts: want positive numbers"),
+        (["--window", "8h"], "bad window '8h'"),
+        (["--window", "1h-2h"], "--window cuts trace files"),
     ],
 )
 def test_bad_arguments_are_one_clear_line(

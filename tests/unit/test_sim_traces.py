@@ -12,8 +12,10 @@ from wok_contracts.traces import (
     OVERLAY_JITTER_S,
     TraceRequest,
     clip_to_model,
+    cut_window,
     load_trace,
     parse_splice,
+    parse_window,
     poisson,
     read_azure,
     read_mooncake,
@@ -180,3 +182,26 @@ def test_a_bad_splice_is_a_value_error(text):
         start_s, end_s = parse_splice(text)[1:]
         splice([TraceRequest(0.0, 1, 1)], [TraceRequest(0.0, 1, 1)], start_s, end_s)
     assert parse_splice("a@b.jsonl@600-1200") == ("a@b.jsonl", 600.0, 1200.0)
+
+
+def test_a_window_keeps_the_arrivals_inside_it_on_a_clock_that_starts_there():
+    requests = [TraceRequest(t, 10, 5) for t in (0.0, 99.9, 100.0, 150.0, 199.99, 200.0)]
+    cut = cut_window(requests, 100.0, 200.0)
+    assert [r.arrival_s for r in cut] == pytest.approx([0.0, 50.0, 99.99])
+    assert all((r.prompt_tokens, r.output_tokens) == (10, 5) for r in cut)
+    with pytest.raises(ValueError, match="0 <= START < END"):
+        cut_window(requests, 200.0, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "window"),
+    [("8h-13h", (28800.0, 46800.0)), ("600-1200", (600.0, 1200.0)), ("30m-90m", (1800.0, 5400.0))],
+)
+def test_a_window_reads_seconds_minutes_or_hours(text, window):
+    assert parse_window(text) == window
+
+
+@pytest.mark.parametrize("text", ["8h", "13h-8h", "a-b", "5-5", "-1-2", "1-infh"])
+def test_a_bad_window_is_a_clear_error(text):
+    with pytest.raises(ValueError, match="bad window"):
+        parse_window(text)
