@@ -696,3 +696,21 @@ def test_sse_lines_end_only_at_line_feeds_not_at_unicode_line_separators() -> No
     lines = asyncio.run(collect())
     assert lines == [event.decode(), "", "data: [DONE]"]
     assert json.loads(lines[0].removeprefix("data: "))["text"] == "a\u2028b\u0085c é"
+
+
+@pytest.mark.parametrize("role", ["system", "user", "assistant", "tool", "developer"])
+@pytest.mark.parametrize("content", [None, "hi"])
+def test_the_chat_schema_says_which_messages_need_content_as_the_validator_does(
+    role: str, content: str | None
+) -> None:
+    import jsonschema_rs
+
+    schema = ChatCompletionRequest.model_json_schema()
+    message = {"role": role} if content is None else {"role": role, "content": content}
+    body = {"model": "m", "messages": [message]}
+    try:
+        ChatCompletionRequest.model_validate(body)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert jsonschema_rs.validator_for(schema).is_valid(body) == accepted

@@ -347,8 +347,16 @@ class ContentPart(BaseModel):
     text: str
 
 
+# The schema says what the validator below enforces, so clients and fuzzers generated from it
+# send content on every turn but an assistant's.
+_CONTENT_UNLESS_ASSISTANT = {
+    "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+    "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+}
+
+
 class ChatMessage(BaseModel):
-    model_config = STRICT
+    model_config = ConfigDict(**STRICT, json_schema_extra=_CONTENT_UNLESS_ASSISTANT)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
