@@ -195,8 +195,10 @@ def _initialized_pod(name: str, init_exit: int) -> dict:
     """An init container writes a file into an emptyDir; the container exits 0 only if it
     finds it (what the vLLM pods' model export relies on)."""
     mount = [{"name": "work", "mountPath": "/data"}]
-    write = f"open('/data/model', 'w').write('exported'); raise SystemExit({init_exit})"
-    check = "raise SystemExit(0 if open('/data/model').read() == 'exported' else 4)"
+    # The path is an argument, as a real container's would be: the backer maps arguments under a
+    # mountPath to the volume's directory (a path inside the code string would be the host's).
+    write = f"import sys; open(sys.argv[1], 'w').write('exported'); raise SystemExit({init_exit})"
+    check = "import sys; raise SystemExit(0 if open(sys.argv[1]).read() == 'exported' else 4)"
     return {
         "metadata": {"name": name, "labels": {"wok.dev/backed": "true"}},
         "spec": {
@@ -205,7 +207,7 @@ def _initialized_pod(name: str, init_exit: int) -> dict:
                 {
                     "name": "export",
                     "image": "none",
-                    "command": ["python", "-c", write],
+                    "command": ["python", "-c", write, "/data/model"],
                     "volumeMounts": mount,
                 }
             ],
@@ -213,7 +215,7 @@ def _initialized_pod(name: str, init_exit: int) -> dict:
                 {
                     "name": "main",
                     "image": "none",
-                    "command": ["python", "-c", check],
+                    "command": ["python", "-c", check, "/data/model"],
                     "volumeMounts": mount,
                 }
             ],
