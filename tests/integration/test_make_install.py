@@ -6,6 +6,7 @@ hides it."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -20,9 +21,11 @@ BANNER = "Editable installation"
 
 def install_lines(venv: Path) -> list[str]:
     """The demo stamp's recipe for a venv at `venv`, its editable install without dependencies."""
+    # Under `make test` the outer make's flags would have this make print "Entering directory".
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     recipe = subprocess.run(
-        ["make", "-n", "-B", f"{venv}/.installed-demo", f"VENV={venv}"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        ["make", "-n", "-B", "--no-print-directory", f"{venv}/.installed-demo", f"VENV={venv}"],
+        cwd=ROOT, capture_output=True, text=True, check=True, env=env,
     ).stdout.splitlines()  # fmt: skip
     lines = [line for line in recipe if not line.startswith("touch ")]
     [editable] = [line for line in lines if " -e " in line]
