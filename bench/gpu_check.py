@@ -1,5 +1,5 @@
 """One prepared check of wok's runtime on a GPU machine: minutes on one H100/H200-class GPU,
-for a session that holds such a machine only briefly.
+for a machine held only briefly.
 
 For each model (SmolLM2-135M's shape, then Llama-3-8B's; random weights, bench/gpu_models.py),
 with the runtime as a GPU pod runs it (FlashInfer's paged attention where it imports, decode
