@@ -477,33 +477,9 @@ class SimReplica:
             self._allocate(seq, seq.computed + take)
             chosen[id(seq)] = (seq, take)
         admitted, budget = self._admit(now, budget, n + len(ranked), chosen)
-        decodes = n
-        prefill = 0
-        context = self._base_sum + n * (self.steps + 1)
-        for seq, take in chosen.values():
-            if seq.prompt + seq.generated - seq.computed == 1 and seq.generated > 0:
-                decodes += 1
-            else:
-                prefill += take
-            context += seq.computed + take
-            if seq.first_scheduled is None:
-                seq.first_scheduled = now
-        self.clock = now + self.profile.step_seconds(decodes, prefill, context)
-        self.steps += 1
         explicit = [*ranked, *admitted]
-        for seq, take in chosen.values():
-            seq.computed += take
-            if seq.computed < seq.tokens:
-                continue
-            seq.generated += 1
-            if seq.first_token is None:
-                seq.first_token = self.clock
-                self._publish_prompt(seq)
-            if seq.generated >= seq.target:
-                self.used -= seq.blocks
-                seq.blocks = 0
-                explicit.remove(seq)
-                self._record_end(seq, self.clock, "ok")
+        context = self._base_sum + n * (self.steps + 1)
+        self._run_step(chosen, now, decodes=n, context=context, running=explicit)
         self._finish_decodes()
         self.prefilling = []
         for seq in explicit:
@@ -616,19 +592,35 @@ class SimReplica:
         if not chosen:
             self._regroup(running)
             return preempted
-        decodes = prefill = context = 0
-        for seq, n in chosen.values():
-            if seq.uncomputed == 1 and seq.generated > 0:
+        self._run_step(chosen, now, decodes=0, context=0, running=running)
+        self._regroup(running)
+        return True
+
+    def _run_step(
+        self,
+        chosen: dict[int, tuple[_Seq, int]],
+        now: float,
+        *,
+        decodes: int,
+        context: int,
+        running: list[_Seq],
+    ) -> None:
+        """One engine step over the sequences `chosen` (beside `decodes` decodes already counted,
+        with `context` tokens of theirs): its cost from the profile, then each sequence's tokens;
+        a finished sequence leaves `running`."""
+        prefill = 0
+        for seq, take in chosen.values():
+            if seq.prompt + seq.generated - seq.computed == 1 and seq.generated > 0:
                 decodes += 1
             else:
-                prefill += n
-            context += seq.computed + n
+                prefill += take
+            context += seq.computed + take
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
         self.clock = now + self.profile.step_seconds(decodes, prefill, context)
         self.steps += 1
-        for seq, n in chosen.values():
-            seq.computed += n
+        for seq, take in chosen.values():
+            seq.computed += take
             if seq.computed < seq.tokens:
                 continue
             seq.generated += 1
@@ -640,8 +632,6 @@ class SimReplica:
                 seq.blocks = 0
                 running.remove(seq)
                 self._record_end(seq, self.clock, "ok")
-        self._regroup(running)
-        return True
 
     def _admit(
         self, now: float, budget: int, running: int, chosen: dict[int, tuple[_Seq, int]]
