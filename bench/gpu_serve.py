@@ -19,9 +19,8 @@ from typing import Any
 from runtime_vs_vllm import (
     Load,
     Server,
-    alternating_medians,
     free_port,
-    ratio,
+    wok_vs_vllm_rows,
 )
 
 from wok_runtime.tools.bench_http import RequestSpec
@@ -82,24 +81,7 @@ def compare(
 ) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     pair = servers(model_dir, vllm_python, logs, sizes)
-    rows = []
-    try:
-        for load, medians in alternating_medians(pair, loads(sizes), sizes.reps, tag="gpu"):
-            wok, vllm = medians["wok"], medians["vllm"]
-            rows.append(
-                {
-                    "load": load.name,
-                    "requests": len(load.specs),
-                    "concurrency": load.concurrency,
-                    "wok": wok,
-                    "vllm": vllm,
-                    "tok_s_ratio": ratio(wok["output_tokens_per_s"], vllm["output_tokens_per_s"]),
-                    "tpot_p99_ratio": ratio(wok["tpot_p99_s"], vllm["tpot_p99_s"]),
-                }
-            )
-    finally:
-        for server in pair:
-            server.stop()
+    rows = wok_vs_vllm_rows(pair, loads(sizes), sizes.reps, tag="gpu")
     return {
         "wok_command": " ".join(pair[0].command[3:]),
         "vllm_command": " ".join(pair[1].command[1:]),

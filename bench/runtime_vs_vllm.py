@@ -226,14 +226,14 @@ def alternating_medians(
     return results
 
 
-def bench_model(
-    name: str, *, vllm_python: Path, reps: int, scale: float, wok_args: list[str], logs: Path
-) -> dict[str, Any]:
-    model_dir = ensure_builtin(name)
-    servers = [wok_server(model_dir, logs, wok_args), vllm_server(vllm_python, model_dir, logs)]
+def wok_vs_vllm_rows(
+    servers: list[Server], chosen: list[Load], reps: int, *, tag: str
+) -> list[dict[str, Any]]:
+    """The servers `wok` and `vllm` on each load (`alternating_medians`), a row per load with
+    both medians and wok's ratios to vLLM; the servers are stopped at the end."""
     rows = []
     try:
-        for load, medians in alternating_medians(servers, loads(scale), reps, tag=name):
+        for load, medians in alternating_medians(servers, chosen, reps, tag=tag):
             wok, vllm = medians["wok"], medians["vllm"]
             rows.append(
                 {
@@ -249,6 +249,15 @@ def bench_model(
     finally:
         for server in servers:
             server.stop()
+    return rows
+
+
+def bench_model(
+    name: str, *, vllm_python: Path, reps: int, scale: float, wok_args: list[str], logs: Path
+) -> dict[str, Any]:
+    model_dir = ensure_builtin(name)
+    servers = [wok_server(model_dir, logs, wok_args), vllm_server(vllm_python, model_dir, logs)]
+    rows = wok_vs_vllm_rows(servers, loads(scale), reps, tag=name)
     return {
         "model": f"builtin:{name}",
         "wok_command": " ".join(f"{k}={v}" for k, v in WOK_ENV.items())
