@@ -36,16 +36,17 @@ BODIES = {
 }
 
 
-def start(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start(log: Path, python: str = sys.executable) -> tuple[subprocess.Popen[bytes], str]:
+    """`wok runtime serve` (builtin:tiny, small pool) from `python`'s checkout, once ready."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    argv = [sys.executable, "-m", "wok.cli", "runtime", "serve", "--model", "builtin:tiny",
+    argv = [python, "-m", "wok.cli", "runtime", "serve", "--model", "builtin:tiny",
             "--port", str(port), "--max-model-len", "256", "--kv-cache-bytes", "4000000",
             "--log-level", "warning", "--unready-seconds", "0"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:

@@ -22,9 +22,7 @@ import argparse
 import itertools
 import json
 import multiprocessing
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
+from bad_input import start
 
 BODIES: dict[str, Callable[[], bytes]] = {
     "230k messages": lambda: json.dumps(
@@ -50,26 +49,6 @@ BODIES: dict[str, Callable[[], bytes]] = {
 }
 PARALLEL = 4
 PROBE_EVERY_S = 0.01
-
-
-def start(python: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    argv = [python, "-m", "wok.cli", "runtime", "serve", "--model", "builtin:tiny",
-            "--port", str(port), "--max-model-len", "256", "--kv-cache-bytes", "4000000",
-            "--log-level", "warning", "--unready-seconds", "0"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the server did not start:\n{log.read_text()}")
 
 
 class Stream(threading.Thread):
@@ -156,7 +135,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for i, python in enumerate(pythons):
-                servers[python] = start(python, Path(tmp) / f"server-{i}.log")
+                servers[python] = start(Path(tmp) / f"server-{i}.log", python)
             streams = {p: Stream(url) for p, (_, url) in servers.items()}
             for stream in streams.values():
                 stream.start()
