@@ -196,12 +196,16 @@ def engines(args: argparse.Namespace) -> int:
             "",
         ]
     )
-    results_dir = ROOT / "bench" / "results"
-    (results_dir / f"{args.out}.md").write_text(text)
-    payload = {"command": command, "times": times, "results": results}
-    (results_dir / f"{args.out}.json").write_text(json.dumps(payload, indent=1) + "\n")
-    print(text)
+    write_report(args.out, text, {"command": command, "times": times, "results": results})
     return 0
+
+
+def write_report(name: str, text: str, payload: dict) -> None:
+    """bench/results/NAME.md (the text, also printed) and NAME.json (the figures)."""
+    results_dir = ROOT / "bench" / "results"
+    (results_dir / f"{name}.md").write_text(text)
+    (results_dir / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print(text)
 
 
 def export(commit: str, into: Path) -> Path:
@@ -279,11 +283,7 @@ def main() -> int:
             "",
         ]
     )
-    results_dir = ROOT / "bench" / "results"
-    (results_dir / f"{args.out}.md").write_text(text)
-    payload = {"command": command, "times": times, "results": results}
-    (results_dir / f"{args.out}.json").write_text(json.dumps(payload, indent=1) + "\n")
-    print(text)
+    write_report(args.out, text, {"command": command, "times": times, "results": results})
     return 0
 
 
