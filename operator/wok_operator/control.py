@@ -1,10 +1,10 @@
 """The control law: the batch size (the fast knob) and the replica count (the slow knob).
 
 One pure function, `decide`, with no I/O: the operator, the fleet simulator (`wok simulate`) and the
-tests all call it. `decide_sign_step` keeps the plain clipped sign-step the law started from, for
-comparison. A tick is two rules, each a pure function (`_batch_rule`, `_replica_rule`), on one
-set of facts computed once from the round and the law's memory (`_facts`: breaches, windows,
-saturation, the error budget, the TPOT pod); a round with a missing series holds both knobs.
+tests all call it. A tick is two rules, each a pure function (`_batch_rule`, `_replica_rule`),
+on one set of facts computed once from the round and the law's memory (`_facts`: breaches,
+windows, saturation, the error budget, the TPOT pod); a round with a missing series holds both
+knobs.
 
 The batch rests at its cap, min(B_max, B_mem, B_SLA), with the clipped sign-step as its guard:
 
@@ -902,48 +902,4 @@ def decide(state: LoopState, obs: Observation, params: LawParams, now: float) ->
         utilization=f.utilization,
         budget_spent=f.budget_spent,
         budget_recovering=f.budget_recovering,
-    )
-
-
-def decide_sign_step(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
-    """The plain clipped sign-step the law started from, kept for comparison (`wok simulate
-    --policy sign-step`):
-    B ← clip(B + η_B·sign(Q − Q*)), down when P99 breaks the SLO; R ± 1 on the same sign once the
-    batch is at its cap (down at the floor), one pod at a time, none while pods are pending."""
-    p = params
-    batch, replicas = p.clip_batch(state.batch), p.clip_replicas(state.replicas)
-    if not _known(obs.queue_per_replica) or obs.ready_replicas < 1:
-        return _holding(state, batch, replicas, "no data", memory_bound=False)
-    queue = float(obs.queue_per_replica)  # type: ignore[arg-type]
-    error = queue - p.target_queue
-    sign = 0 if abs(error) <= p.deadband else (1 if error > 0 else -1)
-    breached = _above(obs.p99_seconds, p.slo_e2e_s) or _above(obs.p99_ttft_seconds, p.slo_ttft_s)
-    direction = -1 if breached else sign
-    new_batch = p.clip_batch(batch + p.batch_step * direction)
-    new_replicas = replicas
-    if obs.pending_replicas == 0 and _quiet_since(
-        state.last_replica_change, now, p.scale_up_window_s
-    ):
-        if sign > 0 and batch >= p.batch_cap:
-            new_replicas = p.clip_replicas(replicas + 1)
-        elif (
-            sign < 0
-            and batch <= p.batch_floor
-            and _quiet_since(state.last_replica_change, now, p.scale_down_window_s)
-        ):
-            new_replicas = p.clip_replicas(replicas - 1)
-    new_state = replace(
-        state,
-        batch=new_batch,
-        replicas=new_replicas,
-        last_replica_change=now if new_replicas != replicas else state.last_replica_change,
-    )
-    return Decision(
-        batch_before=state.batch,
-        batch=new_batch,
-        replicas_before=state.replicas,
-        replicas=new_replicas,
-        reason=f"seed: Q {queue:.1f} vs {p.target_queue:g}, breached {breached}",
-        state=new_state,
-        slo_breached=breached,
     )

@@ -17,12 +17,13 @@ from dataclasses import replace
 from wok_contracts.signals import Observation
 from wok_operator.api import InferenceServiceSpec
 from wok_operator.budget import sequence_length
-from wok_operator.control import Decision, LawParams, LoopState, decide, decide_sign_step
+from wok_operator.control import Decision, LawParams, LoopState, decide
 from wok_operator.loop import Law, TickResult, control_tick, initial_state
 from wok_sim.plan import WARM_START_S, LengthMix, batch_sla, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
 from wok_sim.report import Slos
+from wok_sim.sign_step import decide_sign_step
 
 
 def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:

@@ -14,10 +14,10 @@ from wok_operator.control import (
     LoopState,
     Observation,
     decide,
-    decide_sign_step,
 )
 from wok_operator.loop import PodView, decision_status, observe, pod_view
 from wok_operator.signals import ServiceSignals
+from wok_sim.sign_step import decide_sign_step
 
 
 @st.composite
