@@ -32,20 +32,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from wok_sim.evaluate import (
-    STATIC,
-    WARM_UP_S,
-    Condition,
-    Job,
-    Outcome,
-    Point,
-    context,
-    frontier,
-    frontier_at,
-    points,
-    static_peak,
-    variants_of,
-)
+from wok_sim.evaluation_analysis import Point, frontier, frontier_at, points, static_peak
+from wok_sim.evaluation_matrix import STATIC, WARM_UP_S, Condition, Job, Outcome, variants_of
+from wok_sim.evaluation_runner import job_setup
 
 # At ×1, in the order they run (a stopped run keeps the first): the fleets around the planner's
 # peak (3 pods) at B64, then the nearest rivals, then the same fleets at B32.
@@ -155,25 +144,13 @@ def key(job: Job) -> str:
 def run_job(job: Job) -> dict:
     """One simulation: evaluate's scoring, plus per hour the arrivals, the attainment of the
     requests that arrived in it, and the mean ready and pending pods."""
-    from wok_sim.baselines import StaticPolicy
-    from wok_sim.fleet import FleetConfig, simulate_fleet
-    from wok_sim.policies import load_registry
+    from wok_sim.fleet import simulate_fleet
     from wok_sim.report import Slos, slo_hits, summarize
 
-    ctx = context(job.condition, job.seed, warm_start_fleet=job.policy != STATIC)
-    if job.policy == STATIC:
-        replicas, batch = divmod(job.variant, 1000)
-        policy = StaticPolicy(f"static-{replicas}", batch=batch, replicas=replicas)
-    else:
-        policy = load_registry()[job.policy].variants(ctx)[job.variant]
-    config = FleetConfig(
-        profile=ctx.profile,
-        cold_start_s=job.condition.cold_start_s,
-        seed=job.seed,
-        score_from_s=WARM_UP_S,
-    )
+    setup = job_setup(job)
+    ctx, policy = setup.context, setup.policy
     started = time.perf_counter()
-    run = simulate_fleet(list(ctx.requests), policy, config)
+    run = simulate_fleet(list(ctx.requests), policy, setup.config)
     slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s)
     result = summarize(policy.name, run, slos)
     hours = int(max(r.arrival_s for r in ctx.requests) // HOUR_S) + 1

@@ -10,21 +10,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from wok_sim.evaluate import (
+from wok_sim.evaluation_analysis import (
     PEAK_GOAL,
     PEAK_REACHES,
-    RIVAL_MARGIN,
-    SEEDS,
-    WARM_UP_S,
-    Condition,
     Evaluation,
-    Job,
-    Outcome,
     Point,
     best_batches,
     misses,
     pct,
     short,
+)
+from wok_sim.evaluation_matrix import (
+    RIVAL_MARGIN,
+    SEEDS,
+    WARM_UP_S,
+    Condition,
+    Job,
+    Outcome,
 )
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from wok_sim.evaluate import (
+from wok_sim.evaluation_matrix import (
     SEEDS,
     SLO_SETS,
     TRACES,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from wok.cli import main
-from wok_sim.evaluate import SEEDS, STATIC, WARM_UP_S, Condition, Job, run_job
+from wok_sim.evaluation_matrix import SEEDS, STATIC, WARM_UP_S, Condition, Job
+from wok_sim.evaluation_runner import run_job
 from wok_sim.fleet_search import FleetSearch
 
 pytestmark = pytest.mark.integration

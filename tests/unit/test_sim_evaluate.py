@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from wok.cli import main
-from wok_sim.evaluate import (
+from wok_sim.evaluate import report_name
+from wok_sim.evaluation_analysis import Point, evaluate, frontier, frontier_at, judge, misses
+from wok_sim.evaluation_journal import Journal
+from wok_sim.evaluation_matrix import (
     ON_REQUEST,
-    PLATEAU,
     SEEDS,
     SLO_SETS,
     STATIC,
@@ -18,24 +20,15 @@ from wok_sim.evaluate import (
     TRACES,
     Condition,
     Job,
-    Journal,
     Outcome,
-    Point,
     _requests,
-    evaluate,
-    first_jobs,
-    frontier,
-    frontier_at,
-    judge,
     matrix,
-    misses,
     pick,
-    report_name,
-    run_all,
-    second_jobs,
     variants_of,
 )
 from wok_sim.evaluation_report import markdown, plot
+from wok_sim.evaluation_runner import first_jobs, run_all, second_jobs
+from wok_sim.fleet_search import PLATEAU
 from wok_sim.held_out import check_held_out, held_out, parse_traces
 
 CODE = Condition("code", 3.0, 90.0, "loose")

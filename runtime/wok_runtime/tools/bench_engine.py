@@ -141,6 +141,26 @@ def run_engine_bench(
 ) -> dict[str, Any]:
     """Replays `requests` on a fresh engine over `runner`; returns the figures as a dict.
     With `tokens`, also fills it with each request's output tokens (by workload index)."""
+    finals, steps = replay(
+        runner, config, requests, progress=progress, timeout_s=timeout_s, tokens=tokens
+    )
+    failed = [o for o in finals if o.finish_reason not in ("length", "stop")]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0].error}")
+    return figures(config, finals, steps)
+
+
+def replay(
+    runner: ModelRunner,
+    config: EngineConfig,
+    requests: list[BenchRequest],
+    *,
+    progress: bool,
+    timeout_s: float,
+    tokens: dict[int, list[int]] | None,
+) -> tuple[list[RequestOutput], list[StepStats]]:
+    """Each request added at its arrival on a fresh engine, until every one has finished:
+    their final outputs, and the engine's steps."""
     from tqdm import tqdm
 
     from wok_runtime.core.engine import LLMEngine, SamplingParams
@@ -178,10 +198,14 @@ def run_engine_bench(
     finally:
         engine.shutdown(drain_timeout_s=0)
         bar.close()
-    failed = [o for o in finals.values() if o.finish_reason not in ("length", "stop")]
-    if failed:
-        raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0].error}")
-    metrics = [o.metrics for o in finals.values()]
+    return list(finals.values()), steps
+
+
+def figures(
+    config: EngineConfig, finals: list[RequestOutput], steps: list[StepStats]
+) -> dict[str, Any]:
+    """The run's figures from its requests' final outputs and the engine's steps."""
+    metrics = [o.metrics for o in finals]
     first_arrival = min(m.arrival_time for m in metrics)
     last_finish = max(m.finished_time or 0.0 for m in metrics)
     duration = last_finish - first_arrival
@@ -196,7 +220,7 @@ def run_engine_bench(
     busy = [s for s in steps if s.batch_size > 0]
     result: dict[str, Any] = {
         "mode": config.mode,
-        "num_requests": len(requests),
+        "num_requests": len(finals),
         "duration_s": duration,
         "output_tokens": output_tokens,
         "prompt_tokens": sum(m.num_prompt_tokens for m in metrics),
