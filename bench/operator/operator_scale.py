@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -572,51 +573,44 @@ def ramp_figures(
     }
 
 
+Page = dict[tuple[str, frozenset], float]
+
+
+def growth(before: Page, after: Page, name: str, **match: str) -> float:
+    """How much the samples `name` whose labels include `match` grew between two scrapes."""
+    return total(after, name, **match) - total(before, name, **match)
+
+
 def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dict[str, Any]:
+    """A run's figures over its measure window, from the scrapes at its two ends."""
+    before, after = m["before"], m["after"]
+    cores = cpu_cores(before, after)
+    ticks = growth(before.operator, after.operator, f"{TICK_HISTOGRAM}_count")
+    http = growth(
+        before.prometheus, after.prometheus, "prometheus_http_requests_total", handler=QUERY_HANDLER
+    )
+    return {
+        **tick_figures(args, m, pods_total, cores, ticks),
+        **promql_figures(args, before, after, ticks, http),
+        "cpu_cores_by_component": cores,
+        **write_figures(args, before, after),
+        **prometheus_cost_figures(m, before, after, cores, http),
+        **machine_figures(m, before, after, cores),
+    }
+
+
+def tick_figures(
+    args: argparse.Namespace, m: dict[str, Any], pods_total: int, cores: dict, ticks: float
+) -> dict[str, Any]:
+    """The run's shape, and the operator's ticks: how many, how long, its API calls and writes."""
     before, after = m["before"], m["after"]
     wall = after.at - before.at
-    op_b, op_a, pr_b, pr_a = before.operator, after.operator, before.prometheus, after.prometheus
+    op_b, op_a = before.operator, after.operator
     hist = buckets(op_a, TICK_HISTOGRAM)
     old = buckets(op_b, TICK_HISTOGRAM)
     delta = {le: hist[le] - old.get(le, 0.0) for le in hist}
-    ticks = total(op_a, f"{TICK_HISTOGRAM}_count") - total(op_b, f"{TICK_HISTOGRAM}_count")
-    tick_sum = total(op_a, f"{TICK_HISTOGRAM}_sum") - total(op_b, f"{TICK_HISTOGRAM}_sum")
-    per_round = len(round_queries({60}, {3600}))  # the SLO and budget windows
-    sent = total(op_a, "wok_operator_promql_requests_total") - total(
-        op_b, "wok_operator_promql_requests_total"
-    )
-    rounds = sent / per_round
-    http = total(pr_a, "prometheus_http_requests_total", handler=QUERY_HANDLER) - total(
-        pr_b, "prometheus_http_requests_total", handler=QUERY_HANDLER
-    )
-    http_200 = total(
-        pr_a, "prometheus_http_requests_total", handler=QUERY_HANDLER, code="200"
-    ) - total(pr_b, "prometheus_http_requests_total", handler=QUERY_HANDLER, code="200")
-    engine = total(pr_a, "prometheus_engine_query_duration_seconds_count", slice="inner_eval")
-    engine -= total(pr_b, "prometheus_engine_query_duration_seconds_count", slice="inner_eval")
-    cores = cpu_cores(before, after)
+    tick_sum = growth(op_b, op_a, f"{TICK_HISTOGRAM}_sum")
     intervals = wall / args.interval
-    ap_b, ap_a = before.apiserver, after.apiserver
-
-    def api_delta(name: str, **match: str) -> float:
-        return total(ap_a, name, **match) - total(ap_b, name, **match)
-
-    writes = sum(
-        api_delta("apiserver_request_total", verb=verb)
-        for verb in ("POST", "PUT", "PATCH", "DELETE", "APPLY")
-    )
-    status_patches = api_delta(
-        "apiserver_request_total", verb="PATCH", resource="inferenceservices", subresource="status"
-    )
-    by_resource = writes_by_resource(ap_b, ap_a)
-    kube_calls = quantiles_by_label(op_b, op_a, KUBE_CALLS, "call", wall)
-    engine_s = total(pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
-    engine_s -= total(pr_b, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval")
-    status_writes = total(op_a, "wok_operator_status_writes_total") - total(
-        op_b, "wok_operator_status_writes_total"
-    )
-    load1 = [x[0] for x in m["load"]]
-    answers = m["window_answers"]
     return {
         "services": args.services,
         "pods_per_service": args.pods,
@@ -636,14 +630,33 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "tick_p99_s": tick_quantile(0.99, delta),
         "tick_mean_s": round(tick_sum / ticks, 4) if ticks else None,
         "ticks_without_signals": int(
-            total(op_a, "wok_operator_ticks_without_signals_total")
-            - total(op_b, "wok_operator_ticks_without_signals_total")
+            growth(op_b, op_a, "wok_operator_ticks_without_signals_total")
         ),
-        "kube_calls": kube_calls,
+        "kube_calls": quantiles_by_label(op_b, op_a, KUBE_CALLS, "call", wall),
         "write_lag": quantiles_by_label(op_b, op_a, WRITE_LAG, "kind", wall),
         "tick_buckets_window": {
             ("+Inf" if math.isinf(k) else f"{k:g}"): v for k, v in sorted(delta.items())
         },
+    }
+
+
+def promql_figures(
+    args: argparse.Namespace, before: Snapshot, after: Snapshot, ticks: float, http: float
+) -> dict[str, Any]:
+    """The operator's Prometheus rounds and the queries they sent, as both ends counted them."""
+    wall = after.at - before.at
+    intervals = wall / args.interval
+    pr_b, pr_a = before.prometheus, after.prometheus
+    per_round = len(round_queries({60}, {3600}))  # the SLO and budget windows
+    sent = growth(before.operator, after.operator, "wok_operator_promql_requests_total")
+    rounds = sent / per_round
+    http_200 = growth(
+        pr_b, pr_a, "prometheus_http_requests_total", handler=QUERY_HANDLER, code="200"
+    )
+    engine = growth(
+        pr_b, pr_a, "prometheus_engine_query_duration_seconds_count", slice="inner_eval"
+    )
+    return {
         "rounds_operator": round(rounds, 2),
         "rounds_per_interval": round(rounds / intervals, 3),
         "queries_per_round_expected": per_round,
@@ -654,18 +667,58 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         "promql_requests_per_service_tick": round(http / ticks, 3) if ticks else None,
         "promql_requests_per_interval": round(http / intervals, 2),
         "promql_requests_per_round": round(http / rounds, 2) if rounds else None,
-        "cpu_cores_by_component": cores,
+    }
+
+
+def write_figures(args: argparse.Namespace, before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """The apiserver's writes (the operator's status writes among them) and watch events."""
+    wall = after.at - before.at
+    ap_b, ap_a = before.apiserver, after.apiserver
+    writes = sum(
+        growth(ap_b, ap_a, "apiserver_request_total", verb=verb)
+        for verb in ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+    )
+    status_patches = growth(
+        ap_b,
+        ap_a,
+        "apiserver_request_total",
+        verb="PATCH",
+        resource="inferenceservices",
+        subresource="status",
+    )
+    by_resource = writes_by_resource(ap_b, ap_a)
+    status_writes = growth(before.operator, after.operator, "wok_operator_status_writes_total")
+    watch_events = growth(ap_b, ap_a, "apiserver_watch_events_total")
+    service_events = growth(
+        ap_b, ap_a, "apiserver_watch_events_total", resource="inferenceservices"
+    )
+    return {
         "apiserver_writes_per_s": round(writes / wall, 2),
         "apiserver_writes_by_resource": {k: round(v) for k, v in by_resource.most_common(12)},
         "apiserver_status_patches_per_s": round(status_patches / wall, 3),
         "status_writes_per_service_per_min": round(status_writes / args.services / wall * 60, 3),
         "status_writes_per_service_per_min_by_cause": status_writes_by_cause(
-            op_b, op_a, args.services * wall / 60
+            before.operator, after.operator, args.services * wall / 60
         ),
-        "watch_events_per_s": round(api_delta("apiserver_watch_events_total") / wall, 2),
-        "watch_events_inferenceservices_per_s": round(
-            api_delta("apiserver_watch_events_total", resource="inferenceservices") / wall, 3
-        ),
+        "watch_events_per_s": round(watch_events / wall, 2),
+        "watch_events_inferenceservices_per_s": round(service_events / wall, 3),
+    }
+
+
+def prometheus_cost_figures(
+    m: dict[str, Any], before: Snapshot, after: Snapshot, cores: dict, http: float
+) -> dict[str, Any]:
+    """What the operator's queries cost Prometheus: its engine's time and its CPU."""
+    wall = after.at - before.at
+    pr_b, pr_a = before.prometheus, after.prometheus
+    engine_s = growth(
+        pr_b, pr_a, "prometheus_engine_query_duration_seconds_sum", slice="inner_eval"
+    )
+    api_s = growth(
+        pr_b, pr_a, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER
+    )
+    rules_s = growth(pr_b, pr_a, "prometheus_rule_group_duration_seconds_sum")
+    return {
         "promql_requests_per_s": round(http / wall, 2),
         "prometheus_query_engine_cores": round(engine_s / wall, 4),
         "cpu_cores_operator_stopped": m["quiet_cores"],
@@ -676,22 +729,19 @@ def figures(args: argparse.Namespace, m: dict[str, Any], pods_total: int) -> dic
         else None,
         # Wall time, not CPU: the operator's queries as Prometheus' HTTP handler timed them, and
         # the recording rules' evaluations (both inside the engine's figure above).
-        "prometheus_query_api_cores": round(
-            (
-                total(pr_a, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER)
-                - total(pr_b, "prometheus_http_request_duration_seconds_sum", handler=QUERY_HANDLER)
-            )
-            / wall,
-            4,
-        ),
-        "prometheus_rule_evaluation_cores": round(
-            (
-                total(pr_a, "prometheus_rule_group_duration_seconds_sum")
-                - total(pr_b, "prometheus_rule_group_duration_seconds_sum")
-            )
-            / wall,
-            4,
-        ),
+        "prometheus_query_api_cores": round(api_s / wall, 4),
+        "prometheus_rule_evaluation_cores": round(rules_s / wall, 4),
+    }
+
+
+def machine_figures(
+    m: dict[str, Any], before: Snapshot, after: Snapshot, cores: dict
+) -> dict[str, Any]:
+    """The machine's load, the services' state at the window's ends, and the pods' answers."""
+    wall = after.at - before.at
+    load1 = [x[0] for x in m["load"]]
+    answers = m["window_answers"]
+    return {
         "pods_cpu_cores": cores.get("pods"),
         "bench_client_cpu_cores": round((after.self_cpu_s - before.self_cpu_s) / wall, 4),
         "machine_busy_cores": round((after.busy_s - before.busy_s) / wall, 3),
@@ -752,13 +802,8 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     pods_total = args.services * args.pods
     plane = ControlPlane(run_dir, Binaries(bin_dir()))
     cluster = Cluster(plane, nodes=max(2, math.ceil(pods_total / 32)), gpus_per_node=32)
-    prometheus = Prometheus(plane, run_dir / "prometheus", interval=args.scrape_interval)
+    prometheus = logging_prometheus(args, plane, run_dir)
     query_log = run_dir / "prometheus" / "query.log"
-    prometheus.config["global"]["query_log_file"] = str(query_log)
-    if not args.no_recording_rules:  # as the chart installs them (recordingRules.enabled)
-        rules = run_dir / "prometheus" / "recording_rules.yaml"
-        shutil.copy(RECORDING_RULES, rules)
-        prometheus.config["rule_files"] = [str(rules)]
     operator: OperatorProcess | None = None
     out: dict[str, Any] = {}
     print(f"run files in {run_dir}", file=sys.stderr, flush=True)
@@ -774,16 +819,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         print(f"{len(docs)} InferenceServices created in {create_s:.1f} s", file=sys.stderr)
         if args.emulated:
             start_metrics_source(kc, run_dir, run_marker)
-        operator = OperatorProcess(
-            kc,
-            NAMESPACE,
-            prometheus.url,
-            run_dir / "operator.log",
-            run_marker=run_marker,
-            # Emulated pods: KWOK plays their kubelet, the metrics source their runtime.
-            extra_args=["--pod-label=wok.dev/backed=false"] if args.emulated else (),
-        )
-        operator.wait_live()
+        operator = start_operator(args, kc, prometheus, run_dir)
         applied = time.monotonic()
         ramp_start = snapshot(operator, prometheus, run_marker, plane)
         ready_over_time: list[tuple[float, int]] = []
@@ -821,18 +857,59 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         out["pods_ready_s"] = round(pods_ready_s, 1)
         out["operator_restarts"] = 0 if operator.alive() else 1
     finally:
-        if operator is not None:
-            with contextlib.suppress(AssertionError):
-                operator.stop()
-        for stop in (prometheus.stop, cluster.stop, plane.stop):
-            with contextlib.suppress(Exception):
-                stop()
-        for pid, _ in processes_marked(run_marker):  # anything of this run still alive
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        stop_run(operator, (prometheus.stop, cluster.stop, plane.stop), run_dir, keep=args.keep)
     return finished(args, command, date, started, out)
+
+
+def logging_prometheus(args: argparse.Namespace, plane: ControlPlane, run_dir: Path) -> Prometheus:
+    """The run's Prometheus (not started), logging its queries to prometheus/query.log, with
+    the chart's recording rules unless --no-recording-rules."""
+    prometheus = Prometheus(plane, run_dir / "prometheus", interval=args.scrape_interval)
+    prometheus.config["global"]["query_log_file"] = str(run_dir / "prometheus" / "query.log")
+    if not args.no_recording_rules:  # as the chart installs them (recordingRules.enabled)
+        rules = run_dir / "prometheus" / "recording_rules.yaml"
+        shutil.copy(RECORDING_RULES, rules)
+        prometheus.config["rule_files"] = [str(rules)]
+    return prometheus
+
+
+def start_operator(
+    args: argparse.Namespace, kubeconfig: Path, prometheus: Prometheus, run_dir: Path
+) -> OperatorProcess:
+    """The operator on the namespace, live."""
+    operator = OperatorProcess(
+        kubeconfig,
+        NAMESPACE,
+        prometheus.url,
+        run_dir / "operator.log",
+        run_marker=str(run_dir),
+        # Emulated pods: KWOK plays their kubelet, the metrics source their runtime.
+        extra_args=["--pod-label=wok.dev/backed=false"] if args.emulated else (),
+    )
+    operator.wait_live()
+    return operator
+
+
+def stop_run(
+    operator: OperatorProcess | None,
+    stops: tuple[Callable[[], Any], ...],
+    run_dir: Path,
+    *,
+    keep: bool,
+) -> None:
+    """Stops the operator, then each part in turn, then anything of the run still alive; the
+    run's files go unless `keep`."""
+    if operator is not None:
+        with contextlib.suppress(AssertionError):
+            operator.stop()
+    for stop in stops:
+        with contextlib.suppress(Exception):
+            stop()
+    for pid, _ in processes_marked(str(run_dir)):  # anything of this run still alive
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def finished(
@@ -859,7 +936,7 @@ def ms(x: float | None) -> str:
 
 
 def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -> str:
-    cores = r["cpu_cores_by_component"]
+    """operator_scale_active.md: how the run went, its figures, how they are read, its notes."""
     lines = [
         "# Operator scale on active services",
         "",
@@ -867,6 +944,22 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
         "",
         f"```\n{r['command']}\n```",
         "",
+        run_summary(r),
+        "",
+        *figure_table(r),
+        "",
+        *how_read(r),
+    ]
+    if paused:
+        lines += ["", *paused_figures(paused)]
+    if r.get("notes"):
+        lines += ["", "## Notes", "", *(f"- {n}" for n in r["notes"])]
+    return "\n".join(lines) + "\n"
+
+
+def run_summary(r: dict[str, Any]) -> str:
+    """The run's paragraph: when, how long each phase, and what ran against what load."""
+    return (
         f"Run {r['date']}, {r['wall_s']:.0f} s wall in all ({r['pods_ready_s']:.0f} s until "
         f"every pod was Ready, {r['warmup_s']:.0f} s warm-up, {r['measured_s']:.0f} s measured). "
         f"{r['services']} InferenceServices × {r['pods_per_service']} pods on `{r['profile']}` "
@@ -880,8 +973,14 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
         f"{r['settings']['output_len']} output tokens, `ignore_eos`) from warm-up to the "
         "window's end. The window opened once every pod had answered and every service's status "
         "showed both pods ready and reporting to Prometheus with metrics flowing (or the "
-        "warm-up's bound ran out: see the active count).",
-        "",
+        "warm-up's bound ran out: see the active count)."
+    )
+
+
+def figure_table(r: dict[str, Any]) -> list[str]:
+    """The run's figures as a two-column table."""
+    cores = r["cpu_cores_by_component"]
+    return [
         "| figure | value |",
         "|---|---|",
         f"| services / pods | {r['services']} / {r['pods']} |",
@@ -917,9 +1016,14 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
         f"| machine busy (all processes, 2 cores) | {r['machine_busy_cores']:.2f} cores |",
         f"| load average 1 min, median / max; 5 min at the end | {r['load1_median']} / "
         f"{r['load1_max']}; {r['load5_end']} |",
-        "",
+    ]
+
+
+def how_read(r: dict[str, Any]) -> list[str]:
+    """Every component's CPU and the window's signals, then how each figure is read."""
+    return [
         "Every component's CPU over the window (cores): "
-        + ", ".join(f"{k} {v:.3f}" for k, v in cores.items())
+        + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_cores_by_component"].items())
         + ".",
         "",
         "Signals in the window (Prometheus, queried after it closed): "
@@ -939,20 +1043,19 @@ def write_markdown(r: dict[str, Any], paused: dict[str, Any] | None, raw: str) -
         "",
         f"Window tick-latency buckets (le: count): {r['tick_buckets_window']}.",
     ]
-    if paused:
-        lines += [
-            "",
-            "## Beside the paused-service figures",
-            "",
-            f"`operator_scale.json` (`{paused.get('command')}`): {paused.get('services')} paused "
-            'services (maxReplicas 0, no pods, the "no ready replicas" path), '
-            f"{paused.get('measured_s')} s: {paused.get('operator_cpu_cores')} cores, "
-            f"{paused.get('promql_requests_per_tick')} PromQL requests per interval (counted by "
-            f"the operator, when a round had {paused.get('queries_per_round')} queries).",
-        ]
-    if r.get("notes"):
-        lines += ["", "## Notes", "", *(f"- {n}" for n in r["notes"])]
-    return "\n".join(lines) + "\n"
+
+
+def paused_figures(paused: dict[str, Any]) -> list[str]:
+    """The paused-service run (e2e/test_operator_scale.py) beside this one."""
+    return [
+        "## Beside the paused-service figures",
+        "",
+        f"`operator_scale.json` (`{paused.get('command')}`): {paused.get('services')} paused "
+        'services (maxReplicas 0, no pods, the "no ready replicas" path), '
+        f"{paused.get('measured_s')} s: {paused.get('operator_cpu_cores')} cores, "
+        f"{paused.get('promql_requests_per_tick')} PromQL requests per interval (counted by "
+        f"the operator, when a round had {paused.get('queries_per_round')} queries).",
+    ]
 
 
 def per_label(quantiles: dict[str, dict[str, Any]] | None) -> str:
@@ -982,144 +1085,161 @@ def ramp(r: dict[str, Any], key: str, fmt: str | None = None, *, top: int = 8) -
     return fmt.format(value) if fmt else by_key(value, top)
 
 
+def cores_cell(r: dict[str, Any], name: str) -> str:
+    """A component's CPU cores in a run, `–` where the run did not measure it."""
+    value = r["cpu_cores_by_component"].get(name)
+    return "–" if value is None else f"{value:.3f}"
+
+
+SCALE_INTRO = (
+    "Every InferenceService has one KWOK-emulated pod; one process "
+    "(`bench/operator/emulated_pod_metrics.py`) serves every pod's series of the runtime's "
+    "metric "
+    "contract on the pod's own IP, moving with time; Prometheus finds the pods through "
+    "Kubernetes discovery and labels them itself; the real operator (`wok operator run "
+    "--standalone`) runs its usual round. Figures over the measure window, after every "
+    "service reads its signals (`--measure-s`)."
+)
+#: The rows of operator_scale.md: each a label and what a run shows in it.
+SCALE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("control interval", lambda r: f"{r['interval_s']} s"),
+    ("measured", lambda r: f"{r['measured_s']:.0f} s"),
+    ("services reading signals (end)", lambda r: str(r["services_active_at_end"])),
+    (
+        "every pod ready, from the operator's start",
+        lambda r: f"{r['pods_ready_s']:.0f} s" if "pods_ready_s" in r else "–",
+    ),
+    ("operator CPU", lambda r: f"{r['operator_cpu_cores']:.3f} cores"),
+    (
+        "operator RSS (peak)",
+        lambda r: f"{r['operator_rss_mib']:.0f} ({r['operator_rss_peak_mib']:.0f}) MiB",
+    ),
+    ("ticks per service per interval", lambda r: f"{r['ticks_per_service_per_interval']:.2f}"),
+    ("tick P50", lambda r: ms(r["tick_p50_s"])),
+    ("tick P99", lambda r: ms(r["tick_p99_s"])),
+    (
+        "ticks that held without a fresh round",
+        lambda r: str(r["ticks_without_signals"]) if "ticks_without_signals" in r else "–",
+    ),
+    (
+        "the loops' API calls: per s, P50 / P99 by call",
+        lambda r: per_label(r.get("kube_calls")),
+    ),
+    (
+        "write lag (tick → landed): per s, P50 / P99 by kind",
+        lambda r: per_label(r.get("write_lag")),
+    ),
+    ("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
+    ("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
+    ("Prometheus recording rules", lambda r: "yes" if r.get("recording_rules") else "no"),
+    (
+        "Prometheus query engine, wall s/s",
+        lambda r: f"{r['prometheus_query_engine_cores']:.4f}",
+    ),
+    (
+        "of which the operator's queries (HTTP), wall s/s",
+        lambda r: (
+            f"{r['prometheus_query_api_cores']:.4f}" if "prometheus_query_api_cores" in r else "–"
+        ),
+    ),
+    (
+        "of which rule evaluation, wall s/s",
+        lambda r: (
+            f"{r['prometheus_rule_evaluation_cores']:.4f}"
+            if "prometheus_rule_evaluation_cores" in r
+            else "–"
+        ),
+    ),
+    ("Prometheus process CPU (scrapes too)", lambda r: f"{cores_cell(r, 'prometheus')} cores"),
+    (
+        "Prometheus CPU, operator stopped",
+        lambda r: (
+            f"{r['cpu_cores_operator_stopped']['prometheus']:.3f} cores"
+            if r.get("cpu_cores_operator_stopped")
+            else "–"
+        ),
+    ),
+    (
+        "Prometheus query CPU (the difference)",
+        lambda r: (
+            f"{r['prometheus_query_cpu_cores']:.3f} cores"
+            if r.get("prometheus_query_cpu_cores") is not None
+            else "–"
+        ),
+    ),
+    (
+        "status writes per service per minute",
+        lambda r: f"{r['status_writes_per_service_per_min']:.3f}",
+    ),
+    (
+        "status writes by cause, per service per minute",
+        lambda r: by_key(r.get("status_writes_per_service_per_min_by_cause")),
+    ),
+    (
+        "InferenceService status PATCHes/s",
+        lambda r: f"{r['apiserver_status_patches_per_s']:.3f}",
+    ),
+    ("apiserver writes/s (all clients)", lambda r: f"{r['apiserver_writes_per_s']:.2f}"),
+    ("watch events/s (all)", lambda r: f"{r['watch_events_per_s']:.2f}"),
+    (
+        "watch events/s (InferenceServices)",
+        lambda r: f"{r['watch_events_inferenceservices_per_s']:.3f}",
+    ),
+    ("kube-apiserver CPU", lambda r: f"{cores_cell(r, 'kube-apiserver')} cores"),
+    ("metrics source CPU", lambda r: f"{cores_cell(r, 'pod-metrics-source')} cores"),
+    ("machine busy cores (of 2)", lambda r: f"{r['machine_busy_cores']:.2f}"),
+    ("load average (1 min, median)", lambda r: f"{r['load1_median']:.2f}"),
+    ("ramp: operator start to every pod ready", lambda r: ramp(r, "seconds", "{:.0f} s")),
+    ("ramp: cores by component", lambda r: ramp(r, "cpu_cores_by_component", top=6)),
+    ("ramp: machine busy cores (of 2)", lambda r: ramp(r, "machine_busy_cores", "{:.2f}")),
+    ("ramp: apiserver writes/s", lambda r: ramp(r, "apiserver_writes_per_s", "{:.1f}")),
+    (
+        "ramp: apiserver writes by resource",
+        lambda r: ramp(r, "apiserver_writes_by_resource", top=6),
+    ),
+    (
+        "ramp: status writes by cause, per service per minute",
+        lambda r: ramp(r, "status_writes_per_service_per_min_by_cause", top=6),
+    ),
+)
+
+
 def scale_table(results: list[dict[str, Any]]) -> str:
     """bench/operator/results/operator_scale.md: emulated runs side by side, by the number of
     services."""
     results = sorted(results, key=lambda r: (r["services"], r.get("label") is None))
-
-    def row(label: str, cell: Any) -> str:
-        return f"| {label} | " + " | ".join(cell(r) for r in results) + " |"
-
-    def cores(r: dict[str, Any], name: str) -> str:
-        value = r["cpu_cores_by_component"].get(name)
-        return "–" if value is None else f"{value:.3f}"
-
+    labels = [r.get("label") or f"{r['services']} services" for r in results]
     lines = [
         "# Operator scale: emulated pods, a real apiserver, Prometheus and operator",
         "",
-        "Every InferenceService has one KWOK-emulated pod; one process "
-        "(`bench/operator/emulated_pod_metrics.py`) serves every pod's series of the runtime's "
-        "metric "
-        "contract on the pod's own IP, moving with time; Prometheus finds the pods through "
-        "Kubernetes discovery and labels them itself; the real operator (`wok operator run "
-        "--standalone`) runs its usual round. Figures over the measure window, after every "
-        "service reads its signals (`--measure-s`).",
+        SCALE_INTRO,
         "",
-        "| | " + " | ".join(r.get("label") or f"{r['services']} services" for r in results) + " |",
+        "| | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(results),
-        row("control interval", lambda r: f"{r['interval_s']} s"),
-        row("measured", lambda r: f"{r['measured_s']:.0f} s"),
-        row("services reading signals (end)", lambda r: str(r["services_active_at_end"])),
-        row(
-            "every pod ready, from the operator's start",
-            lambda r: f"{r['pods_ready_s']:.0f} s" if "pods_ready_s" in r else "–",
-        ),
-        row("operator CPU", lambda r: f"{r['operator_cpu_cores']:.3f} cores"),
-        row(
-            "operator RSS (peak)",
-            lambda r: f"{r['operator_rss_mib']:.0f} ({r['operator_rss_peak_mib']:.0f}) MiB",
-        ),
-        row(
-            "ticks per service per interval", lambda r: f"{r['ticks_per_service_per_interval']:.2f}"
-        ),
-        row("tick P50", lambda r: ms(r["tick_p50_s"])),
-        row("tick P99", lambda r: ms(r["tick_p99_s"])),
-        row(
-            "ticks that held without a fresh round",
-            lambda r: str(r["ticks_without_signals"]) if "ticks_without_signals" in r else "–",
-        ),
-        row(
-            "the loops' API calls: per s, P50 / P99 by call",
-            lambda r: per_label(r.get("kube_calls")),
-        ),
-        row(
-            "write lag (tick → landed): per s, P50 / P99 by kind",
-            lambda r: per_label(r.get("write_lag")),
-        ),
-        row("PromQL requests/s", lambda r: f"{r['promql_requests_per_s']:.2f}"),
-        row("PromQL requests per round", lambda r: str(r["promql_requests_per_round"])),
-        row("Prometheus recording rules", lambda r: "yes" if r.get("recording_rules") else "no"),
-        row(
-            "Prometheus query engine, wall s/s",
-            lambda r: f"{r['prometheus_query_engine_cores']:.4f}",
-        ),
-        row(
-            "of which the operator's queries (HTTP), wall s/s",
-            lambda r: (
-                f"{r['prometheus_query_api_cores']:.4f}"
-                if "prometheus_query_api_cores" in r
-                else "–"
-            ),
-        ),
-        row(
-            "of which rule evaluation, wall s/s",
-            lambda r: (
-                f"{r['prometheus_rule_evaluation_cores']:.4f}"
-                if "prometheus_rule_evaluation_cores" in r
-                else "–"
-            ),
-        ),
-        row("Prometheus process CPU (scrapes too)", lambda r: f"{cores(r, 'prometheus')} cores"),
-        row(
-            "Prometheus CPU, operator stopped",
-            lambda r: (
-                f"{r['cpu_cores_operator_stopped']['prometheus']:.3f} cores"
-                if r.get("cpu_cores_operator_stopped")
-                else "–"
-            ),
-        ),
-        row(
-            "Prometheus query CPU (the difference)",
-            lambda r: (
-                f"{r['prometheus_query_cpu_cores']:.3f} cores"
-                if r.get("prometheus_query_cpu_cores") is not None
-                else "–"
-            ),
-        ),
-        row(
-            "status writes per service per minute",
-            lambda r: f"{r['status_writes_per_service_per_min']:.3f}",
-        ),
-        row(
-            "status writes by cause, per service per minute",
-            lambda r: by_key(r.get("status_writes_per_service_per_min_by_cause")),
-        ),
-        row(
-            "InferenceService status PATCHes/s",
-            lambda r: f"{r['apiserver_status_patches_per_s']:.3f}",
-        ),
-        row("apiserver writes/s (all clients)", lambda r: f"{r['apiserver_writes_per_s']:.2f}"),
-        row("watch events/s (all)", lambda r: f"{r['watch_events_per_s']:.2f}"),
-        row(
-            "watch events/s (InferenceServices)",
-            lambda r: f"{r['watch_events_inferenceservices_per_s']:.3f}",
-        ),
-        row("kube-apiserver CPU", lambda r: f"{cores(r, 'kube-apiserver')} cores"),
-        row("metrics source CPU", lambda r: f"{cores(r, 'pod-metrics-source')} cores"),
-        row("machine busy cores (of 2)", lambda r: f"{r['machine_busy_cores']:.2f}"),
-        row("load average (1 min, median)", lambda r: f"{r['load1_median']:.2f}"),
-        row("ramp: operator start to every pod ready", lambda r: ramp(r, "seconds", "{:.0f} s")),
-        row("ramp: cores by component", lambda r: ramp(r, "cpu_cores_by_component", top=6)),
-        row("ramp: machine busy cores (of 2)", lambda r: ramp(r, "machine_busy_cores", "{:.2f}")),
-        row("ramp: apiserver writes/s", lambda r: ramp(r, "apiserver_writes_per_s", "{:.1f}")),
-        row(
-            "ramp: apiserver writes by resource",
-            lambda r: ramp(r, "apiserver_writes_by_resource", top=6),
-        ),
-        row(
-            "ramp: status writes by cause, per service per minute",
-            lambda r: ramp(r, "status_writes_per_service_per_min_by_cause", top=6),
+        *(
+            f"| {label} | " + " | ".join(cell(r) for r in results) + " |"
+            for label, cell in SCALE_ROWS
         ),
         "",
         "Commands (each run also writes its JSON next to this file):",
         "",
         *[f"    {r['command']}" for r in results],
         "",
+        *query_log_tables(results),
     ]
+    notes = [note for r in results for note in r.get("notes") or []]
+    if notes:
+        lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
+    return "\n".join(lines)
+
+
+def query_log_tables(results: list[dict[str, Any]]) -> list[str]:
+    """Per run, the Prometheus query log's top queries by samples read (none where not logged)."""
 
     def cell(query: str) -> str:  # a table cell: a regex's `|` would end it
         return query[:120].replace("|", "\\|")
 
+    lines: list[str] = []
     for r in results:
         top = (r.get("query_log") or {}).get("top_by_samples") or []
         if top:
@@ -1135,10 +1255,7 @@ def scale_table(results: list[dict[str, Any]]) -> str:
                 ],
                 "",
             ]
-    notes = [note for r in results for note in r.get("notes") or []]
-    if notes:
-        lines += ["Notes:", "", *(f"- {note}" for note in notes), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
