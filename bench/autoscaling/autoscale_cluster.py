@@ -195,24 +195,12 @@ def run_policy(
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     namespace = f"bench-{policy.replace('+', '-')}"
     kc = plane.kubeconfig
-    wis_path = f"/apis/wok.dev/v1alpha1/namespaces/{namespace}/inferenceservices/{NAME}"
     so_path = f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects/{NAME}"
-    hpa_path = (
-        f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
-    )
     with plane.api() as api:
         api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
         operator = Operator(kc, namespace, prometheus.url, run_dir / f"operator-{namespace}.log")
         try:
-            doc = {
-                "apiVersion": "wok.dev/v1alpha1",
-                "kind": "InferenceService",
-                "metadata": {"name": NAME},
-                "spec": service_spec(policy, s, initial, fixed_batch),
-            }
-            applied = kubectl(kc, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc))
-            if applied.returncode != 0:
-                raise RuntimeError(f"kubectl apply: {applied.stderr}")
+            apply_service(kc, namespace, service_spec(policy, s, initial, fixed_batch))
             decisions = run_dir / f"decisions-{namespace}.jsonl"
             fleet = Fleet(api, namespace, s.horizon_s, decisions=decisions)
             print(f"[{policy}] waiting for {initial} ready pods", file=sys.stderr, flush=True)
@@ -227,15 +215,7 @@ def run_policy(
                 fleet_ready, timeout=s.load_seconds + 240, what="the initial fleet", interval=1.0
             )
             ready_s = time.monotonic() - started_wall
-            if policy == "wok":
-                # The same start for every policy; from here on the law may go down to one pod.
-                api.patch(wis_path, {"spec": {"scaling": {"minReplicas": 1}}})
-            if policy in EXTERNAL:
-                api.create(
-                    f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
-                    scaled_object(policy, namespace, prometheus.url, s),
-                )
-                wait_until(lambda: api.get(hpa_path), timeout=60, what="KEDA's HPA", interval=1.0)
+            hand_over(api, policy, namespace, prometheus.url, s)
             print(
                 f"[{policy}] fleet ready after {ready_s:.0f} s; replaying {len(specs)} requests"
                 f" over {s.minutes:g} min",
@@ -245,12 +225,7 @@ def run_policy(
             results, replay_s = asyncio.run(replay(fleet, specs, s.seed, policy))
             summary = summarize(results, fleet, s)
             if policy in EXTERNAL:
-                summary["hpa_rescales"] = hpa_events(api, namespace)
-                hpa = api.get(hpa_path)
-                summary["hpa_conditions"] = [
-                    f"{c['type']}={c['status']} {c.get('reason', '')}"
-                    for c in hpa.get("status", {}).get("conditions", [])
-                ]
+                summary |= hpa_summary(api, namespace)
             summary.update(
                 {
                     "date": date,
@@ -273,6 +248,54 @@ def run_policy(
             kubectl(kc, "delete", "namespace", namespace, "--wait=false")
 
 
+def hpa_path(namespace: str) -> str:
+    """The HPA that KEDA makes for the ScaledObject."""
+    return f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
+
+
+def apply_service(kubeconfig: Path, namespace: str, spec: dict[str, Any]) -> None:
+    """The run's InferenceService, applied as a user would."""
+    doc = {
+        "apiVersion": "wok.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME},
+        "spec": spec,
+    }
+    applied = kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc))
+    if applied.returncode != 0:
+        raise RuntimeError(f"kubectl apply: {applied.stderr}")
+
+
+def hand_over(api: KubeApi, policy: str, namespace: str, prometheus_url: str, s: Settings) -> None:
+    """Once the initial fleet is ready, the replicas go to the policy: wok's floor drops to one
+    pod; an external policy gets its ScaledObject, and the run waits for KEDA's HPA."""
+    if policy == "wok":
+        # The same start for every policy; from here on the law may go down to one pod.
+        path = f"/apis/wok.dev/v1alpha1/namespaces/{namespace}/inferenceservices/{NAME}"
+        api.patch(path, {"spec": {"scaling": {"minReplicas": 1}}})
+    if policy in EXTERNAL:
+        api.create(
+            f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
+            scaled_object(policy, namespace, prometheus_url, s),
+        )
+        wait_until(
+            lambda: api.get(hpa_path(namespace)), timeout=60, what="KEDA's HPA", interval=1.0
+        )
+
+
+def hpa_summary(api: KubeApi, namespace: str) -> dict[str, Any]:
+    """What the HPA did (its rescale events) and how it ended (its conditions)."""
+    rescales = hpa_events(api, namespace)
+    hpa = api.get(hpa_path(namespace))
+    return {
+        "hpa_rescales": rescales,
+        "hpa_conditions": [
+            f"{c['type']}={c['status']} {c.get('reason', '')}"
+            for c in hpa.get("status", {}).get("conditions", [])
+        ],
+    }
+
+
 # --- main --------------------------------------------------------------------------------------
 
 
@@ -289,30 +312,7 @@ def load_results(path: Path, s: Settings) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", default="all", help=f"all, or a comma list of {', '.join(POLICIES)}")
-    p.add_argument("--minutes", type=float, default=20.0)
-    p.add_argument("--rate-scale", type=float, default=3.0)
-    p.add_argument("--initial-replicas", type=int, help="default: the simulator's warm start")
-    p.add_argument("--max-replicas", type=int, default=12)
-    p.add_argument(
-        "--fixed-batch", type=int, help="the fixed-batch policies' B (default: the sim's best)"
-    )
-    p.add_argument("--load-seconds", type=float, default=60.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--parallel", action="store_true", help="this invocation's runs at once")
-    p.add_argument("--sim-only", action="store_true", help="the simulator's twins only")
-    p.add_argument("--replace", action="store_true", help="drop the results file's old runs")
-    p.add_argument("--note", action="append", default=[], help="a line for the notes")
-    p.add_argument(
-        "--rewrite", action="store_true", help="only add the notes and rewrite .md and .png"
-    )
-    p.add_argument("--out", type=Path, default=RESULTS / "autoscale_cluster")
-    args = p.parse_args(argv)
-    policies = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
-    unknown = [x for x in policies if x not in POLICIES]
-    if unknown:
-        p.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    args, policies = parse_args(argv)
     settings = Settings(
         minutes=args.minutes,
         rate_scale=args.rate_scale,
@@ -346,105 +346,152 @@ def main(argv: list[str] | None = None) -> int:
         policies, twins = (), []
         args.sim_only = True
     if twins:
-        print(f"simulating {', '.join(twins)}", file=sys.stderr, flush=True)
-        sims, sim_command = simulate(settings, slice_csv, twins)
-        data.setdefault("simulator", {}).update(sims)
-        data["simulator_command"] = " ".join(
-            "--trace=<the slice CSV>" if a.startswith("--trace=") else a
-            for a in [Path(sim_command[0]).name, *sim_command[1:]]
-        )
-        for twin in twins:
-            m = sims[twin]
-            print(
-                f"sim {twin}: {100 * m['slo_attainment']:.1f} % SLOs, {m['gpu_hours']:.2f} "
-                f"GPU-h, B {m['batch_size']}",
-                file=sys.stderr,
-            )
-
+        simulate_twins(settings, slice_csv, twins, data)
     if not args.sim_only:
-        needed = BUILT + KEDA if any(x in EXTERNAL for x in policies) else BUILT
-        if missing(needed):
-            raise SystemExit(
-                f"{missing(needed)} not built in {bin_dir()}: run cluster/build.sh first"
-            )
-        batches = {
-            x: (args.fixed_batch or data["simulator"][SIM_TWIN[x]]["batch_size"])
-            if x in FIXED_BATCH
-            else None
-            for x in policies
-        }
-        nodes = math.ceil((len(policies) if args.parallel else 1) * args.max_replicas / 8)
-        plane = ControlPlane(run_dir, Binaries(bin_dir()))
-        cluster = Cluster(plane, nodes=max(2, nodes), gpus_per_node=8)
-        prometheus = Prometheus(plane, run_dir / "prometheus", interval=SCRAPE_INTERVAL)
-        keda = Keda(plane, run_dir / "keda")
-        runs: dict[str, dict[str, Any]] = {}
-        errors: dict[str, str] = {}
-        keda_started = False
-        try:
-            plane.start()
-            cluster.start()
-            prometheus.start()
-            applied = kubectl(plane.kubeconfig, "apply", "--server-side", "-f", str(CRD))
-            if applied.returncode != 0:
-                raise RuntimeError(applied.stderr)
-            if any(x in EXTERNAL for x in policies):
-                keda_started = True
-                keda.start()
-
-            def one(policy: str) -> None:
-                try:
-                    runs[policy] = run_policy(
-                        policy,
-                        plane,
-                        prometheus,
-                        settings,
-                        specs,
-                        initial,
-                        batches[policy],
-                        run_dir,
-                    )
-                    short = {
-                        k: v for k, v in runs[policy].items() if k not in ("timeline", "settings")
-                    }
-                    print(json.dumps(short), file=sys.stderr, flush=True)
-                except Exception as error:  # one policy's failure must not lose the others
-                    errors[policy] = repr(error)
-                    print(f"[{policy}] FAILED: {error!r}", file=sys.stderr, flush=True)
-
-            if args.parallel:
-                threads = [threading.Thread(target=one, args=(x,)) for x in policies]
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-            else:
-                for policy in policies:
-                    one(policy)
-        finally:
-            if keda_started:
-                keda.stop()
-            prometheus.stop()
-            cluster.stop()
-            plane.stop()
+        runs = run_on_cluster(args, policies, settings, specs, initial, data, run_dir)
         for policy, result in runs.items():
             result["command"] = command
             result["parallel_with"] = [x for x in runs if x != policy] if args.parallel else []
             data["runs"][policy] = result
-        if errors:
-            print(f"failed: {errors}", file=sys.stderr)
+    write_results(args, data, command, specs)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[str, ...]]:
+    """The arguments, and the policies they name."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", default="all", help=f"all, or a comma list of {', '.join(POLICIES)}")
+    p.add_argument("--minutes", type=float, default=20.0)
+    p.add_argument("--rate-scale", type=float, default=3.0)
+    p.add_argument("--initial-replicas", type=int, help="default: the simulator's warm start")
+    p.add_argument("--max-replicas", type=int, default=12)
+    p.add_argument(
+        "--fixed-batch", type=int, help="the fixed-batch policies' B (default: the sim's best)"
+    )
+    p.add_argument("--load-seconds", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parallel", action="store_true", help="this invocation's runs at once")
+    p.add_argument("--sim-only", action="store_true", help="the simulator's twins only")
+    p.add_argument("--replace", action="store_true", help="drop the results file's old runs")
+    p.add_argument("--note", action="append", default=[], help="a line for the notes")
+    p.add_argument(
+        "--rewrite", action="store_true", help="only add the notes and rewrite .md and .png"
+    )
+    p.add_argument("--out", type=Path, default=RESULTS / "autoscale_cluster")
+    args = p.parse_args(argv)
+    policies = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
+    unknown = [x for x in policies if x not in POLICIES]
+    if unknown:
+        p.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    return args, policies
+
+
+def simulate_twins(
+    settings: Settings, slice_csv: Path, twins: list[str], data: dict[str, Any]
+) -> None:
+    """The policies' twins in `wok simulate` on the same slice, into the results."""
+    print(f"simulating {', '.join(twins)}", file=sys.stderr, flush=True)
+    sims, sim_command = simulate(settings, slice_csv, twins)
+    data.setdefault("simulator", {}).update(sims)
+    data["simulator_command"] = " ".join(
+        "--trace=<the slice CSV>" if a.startswith("--trace=") else a
+        for a in [Path(sim_command[0]).name, *sim_command[1:]]
+    )
+    for twin in twins:
+        m = sims[twin]
+        print(
+            f"sim {twin}: {100 * m['slo_attainment']:.1f} % SLOs, {m['gpu_hours']:.2f} "
+            f"GPU-h, B {m['batch_size']}",
+            file=sys.stderr,
+        )
+
+
+def run_on_cluster(
+    args: argparse.Namespace,
+    policies: tuple[str, ...],
+    settings: Settings,
+    specs: list[RequestSpec],
+    initial: int,
+    data: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, dict[str, Any]]:
+    """Every policy's run on one emulated cluster (at once with --parallel), by policy; a
+    policy that fails is left out, and said so."""
+    needed = BUILT + KEDA if any(x in EXTERNAL for x in policies) else BUILT
+    if missing(needed):
+        raise SystemExit(f"{missing(needed)} not built in {bin_dir()}: run cluster/build.sh first")
+    batches = {
+        x: (args.fixed_batch or data["simulator"][SIM_TWIN[x]]["batch_size"])
+        if x in FIXED_BATCH
+        else None
+        for x in policies
+    }
+    nodes = math.ceil((len(policies) if args.parallel else 1) * args.max_replicas / 8)
+    plane = ControlPlane(run_dir, Binaries(bin_dir()))
+    cluster = Cluster(plane, nodes=max(2, nodes), gpus_per_node=8)
+    prometheus = Prometheus(plane, run_dir / "prometheus", interval=SCRAPE_INTERVAL)
+    keda = Keda(plane, run_dir / "keda")
+    runs: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    keda_started = False
+    try:
+        plane.start()
+        cluster.start()
+        prometheus.start()
+        applied = kubectl(plane.kubeconfig, "apply", "--server-side", "-f", str(CRD))
+        if applied.returncode != 0:
+            raise RuntimeError(applied.stderr)
+        if any(x in EXTERNAL for x in policies):
+            keda_started = True
+            keda.start()
+
+        def one(policy: str) -> None:
+            try:
+                runs[policy] = run_policy(
+                    policy, plane, prometheus, settings, specs, initial, batches[policy], run_dir
+                )
+                short = {k: v for k, v in runs[policy].items() if k not in ("timeline", "settings")}
+                print(json.dumps(short), file=sys.stderr, flush=True)
+            except Exception as error:  # one policy's failure must not lose the others
+                errors[policy] = repr(error)
+                print(f"[{policy}] FAILED: {error!r}", file=sys.stderr, flush=True)
+
+        if args.parallel:
+            threads = [threading.Thread(target=one, args=(x,)) for x in policies]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        else:
+            for policy in policies:
+                one(policy)
+    finally:
+        if keda_started:
+            keda.stop()
+        prometheus.stop()
+        cluster.stop()
+        plane.stop()
+    if errors:
+        print(f"failed: {errors}", file=sys.stderr)
+    return runs
+
+
+def write_results(
+    args: argparse.Namespace, data: dict[str, Any], command: str, specs: list[RequestSpec]
+) -> None:
+    """The results JSON with this invocation's command and notes, the report and the plot."""
     data.setdefault("commands", [])
     if command not in data["commands"] and not args.rewrite:
         data["commands"].append(command)
     data.setdefault("notes", [])
     data["notes"] += [n for n in args.note if n not in data["notes"]]
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    json_path = args.out.with_suffix(".json")
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     markdown = write_markdown(data)
     args.out.with_suffix(".md").write_text(markdown)
     plot(data, specs, args.out.with_suffix(".png"))
     print(markdown)
-    return 0
 
 
 if __name__ == "__main__":

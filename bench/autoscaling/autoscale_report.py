@@ -29,11 +29,27 @@ def sec(x: float | None) -> str:
 
 
 def write_markdown(data: dict[str, Any]) -> str:
+    """autoscale_cluster.md from the results JSON: the set-up, the cluster's table, the simulator
+    beside it, the runs, the notes."""
     s = Settings(**data["settings"])
     runs: dict[str, dict] = data.get("runs", {})
     sims: dict[str, dict] = data.get("simulator", {})
     ordered = [p for p in POLICIES if p in runs]
     lines = [
+        *set_up(data, s),
+        *cluster_table(runs, ordered),
+        *beside_the_simulator(runs, sims, ordered, s),
+        *runs_table(runs, ordered),
+    ]
+    notes = data.get("notes", [])
+    if notes:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    return "\n".join(lines) + "\n"
+
+
+def set_up(data: dict[str, Any], s: Settings) -> list[str]:
+    """The title, the commands, the set-up and the policies."""
+    return [
         "# wok against KEDA and the HPA on the emulated cluster",
         "",
         "Made by `bench/autoscaling/autoscale_cluster.py`; every invocation merges its runs into "
@@ -71,6 +87,12 @@ def write_markdown(data: dict[str, Any]) -> str:
         "",
         "Fixed batches: the simulator's best in hindsight for the policy's twin on this slice.",
         "",
+    ]
+
+
+def cluster_table(runs: dict[str, dict], ordered: list[str]) -> list[str]:
+    """Each policy's outcome on the cluster."""
+    lines = [
         "## On the cluster",
         "",
         "| policy | all SLOs | TTFT | TPOT | E2E | P99 TTFT s | P99 TPOT s | P99 E2E s | pod-h |"
@@ -87,7 +109,14 @@ def write_markdown(data: dict[str, Any]) -> str:
             f"{r['failed']} | "
             f"{r['max_replicas']} | {r['fixed_batch'] or 'wok'} |"
         )
-    lines += [
+    return lines
+
+
+def beside_the_simulator(
+    runs: dict[str, dict], sims: dict[str, dict], ordered: list[str], s: Settings
+) -> list[str]:
+    """Each policy against its twin in `wok simulate` on the same slice, and the twins alone."""
+    lines = [
         "",
         "## Beside the simulator",
         "",
@@ -138,7 +167,12 @@ def write_markdown(data: dict[str, Any]) -> str:
             f"{m['scale_events']} | {m['flips']} | {m['rejected']} | {m['timeouts']} | "
             f"{m.get('batch_size') or 'wok'} | {m.get('date', '?')} |"
         )
-    lines += [
+    return lines
+
+
+def runs_table(runs: dict[str, dict], ordered: list[str]) -> list[str]:
+    """How each run went: its wall time, the machine's load, what ran beside it."""
+    lines = [
         "",
         "## The runs",
         "",
@@ -162,10 +196,7 @@ def write_markdown(data: dict[str, Any]) -> str:
             f"{sec(r.get('client_send_late_p99_s'))} | {beside} | "
             f"{r['requests']} | {r['initial_replicas']} | {rescales} |"
         )
-    notes = data.get("notes", [])
-    if notes:
-        lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(data: dict[str, Any], specs: list[RequestSpec] | None, path: Path) -> None:
