@@ -158,6 +158,25 @@ def main() -> int:
     previous: dict[str, dict[str, dict]] = {}
     if args.only or args.tables:
         previous = json.loads((out / "autoscale_sim.json").read_text())
+    results, held_out, synthetic = run_tables(args)
+    for tables in (results, held_out, synthetic):
+        for title, rows in tables.items():
+            tables[title] = {**previous.get(title, {}), **rows}
+    everything = {**results, **held_out, **synthetic}
+    (out / "autoscale_sim.json").write_text(json.dumps(everything, indent=2) + "\n")
+    markdown = write_markdown(results, held_out, synthetic, args.only, args.tables)
+    (out / "autoscale_sim.md").write_text(markdown)
+    print(f"wrote {out / 'autoscale_sim.md'}", file=sys.stderr)
+    return 0
+
+
+Tables = dict[str, dict[str, dict]]
+
+
+def run_tables(args: argparse.Namespace) -> tuple[Tables, Tables, Tables]:
+    """Every table's rows, by title: the shared trace's by rate mode and pod start, the held-out
+    traces', the synthetic loads'. A policy or table that --only or --tables leaves out is not
+    run (its rows are empty)."""
     only = set(args.only.split(",")) if args.only else None
 
     def chosen(policies: str) -> str:
@@ -195,11 +214,13 @@ def main() -> int:
         for start in (90, 180):
             table = f"{title}, x{scale:g} overlay, {start} s pod start"
             held_out[table] = run_simulate(load, start, f"{AUTOSCALERS},{STATIC}", table)
-    for tables in (results, held_out, synthetic):
-        for title, rows in tables.items():
-            tables[title] = {**previous.get(title, {}), **rows}
-    everything = {**results, **held_out, **synthetic}
-    (out / "autoscale_sim.json").write_text(json.dumps(everything, indent=2) + "\n")
+    return results, held_out, synthetic
+
+
+def write_markdown(
+    results: Tables, held_out: Tables, synthetic: Tables, only: str | None, tables: str | None
+) -> str:
+    """autoscale_sim.md: how the tables were made, then each table."""
     parts = [
         "# Autoscaling in the fleet simulator",
         "",
@@ -213,15 +234,15 @@ def main() -> int:
         "the autoscalers' shared start, so no autoscaler can serve more within the SLOs at that "
         "pod start (its GPU-hours mean nothing).",
     ]
-    if args.only:
+    if only:
         parts[-1] += (
-            f" The rows of {args.only} were rerun with `--only {args.only}` after the law's last "
+            f" The rows of {only} were rerun with `--only {only}` after the law's last "
             "change; every other row is from an earlier run."
         )
-    if args.tables:
+    if tables:
         parts[-1] += (
-            f" The tables whose title holds '{args.tables}' were rerun with `--tables "
-            f"{args.tables}`; every other table is from the last run."
+            f" The tables whose title holds '{tables}' were rerun with `--tables "
+            f"{tables}`; every other table is from the last run."
         )
     for title, rows in results.items():
         parts += ["", f"## {title}", "", markdown_table(rows)]
@@ -246,9 +267,7 @@ def main() -> int:
         ]
         for title, rows in synthetic.items():
             parts += ["", f"### {title}", "", markdown_table(rows)]
-    (out / "autoscale_sim.md").write_text("\n".join(parts) + "\n")
-    print(f"wrote {out / 'autoscale_sim.md'}", file=sys.stderr)
-    return 0
+    return "\n".join(parts) + "\n"
 
 
 if __name__ == "__main__":
