@@ -45,7 +45,33 @@ def main() -> int:
     args = parser.parse_args()
 
     port = free_port()
-    serve = [
+    serve = serve_argv(port)
+    server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(server, url)
+        runs = [run_rate(args, url, rate) for rate in args.rates]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+    result = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {platform.processor() or ''}, shared, CPU only",
+        "server_command": "wok " + shlex.join(serve[3:]),
+        "script": "python bench/runtime/http_rates.py " + shlex.join(sys.argv[1:]),
+        "runs": runs,
+    }
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.out + ".md").write_text(write_markdown(result))
+    print(Path(args.out + ".md").read_text())
+    return 0
+
+
+def serve_argv(port: int) -> list[str]:
+    """The server: builtin:tiny on the CPU, a small queue so that the top rate meets
+    backpressure."""
+    return [
         *WOK,
         "runtime",
         "serve",
@@ -66,65 +92,61 @@ def main() -> int:
         "--log-level",
         "warning",
     ]
-    server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.2)
-        runs = []
-        for rate in args.rates:
-            bench = [
-                *WOK,
-                "bench",
-                "http",
-                "--url",
-                url,
-                "--request-rate",
-                str(rate),
-                "--num-requests",
-                str(args.num_requests),
-                "--input-len",
-                str(args.input_len),
-                "--output-len",
-                str(args.output_len),
-                "--slo-ttft",
-                "1.0",
-                "--slo-e2e",
-                "5.0",
-                "--duration",
-                "300",
-                "--seed",
-                "0",
-                "--json",
-            ]
-            out = subprocess.run(bench, check=True, capture_output=True, text=True).stdout
-            report = json.loads(out)
-            runs.append({"request_rate": rate, "command": shlex.join(bench[3:]), **report})
-            print(
-                f"rate {rate:>5}: {report['requests_per_s']:.2f} req/s, "
-                f"P99 E2E {report['e2e_p99_s']}, 429s {report['rejected']}",
-                file=sys.stderr,
-            )
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
 
-    result = {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()} {platform.processor() or ''}, shared, CPU only",
-        "server_command": "wok " + shlex.join(serve[3:]),
-        "script": "python bench/runtime/http_rates.py " + shlex.join(sys.argv[1:]),
-        "runs": runs,
-    }
-    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+
+def wait_ready(server: subprocess.Popen, url: str) -> None:
+    """Until the server answers /readyz, at most 300 s."""
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the server did not become ready")
+        time.sleep(0.2)
+
+
+def run_rate(args: argparse.Namespace, url: str, rate: float) -> dict:
+    """`wok bench http` at one Poisson rate: its report, with the rate and its command."""
+    bench = [
+        *WOK,
+        "bench",
+        "http",
+        "--url",
+        url,
+        "--request-rate",
+        str(rate),
+        "--num-requests",
+        str(args.num_requests),
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--slo-ttft",
+        "1.0",
+        "--slo-e2e",
+        "5.0",
+        "--duration",
+        "300",
+        "--seed",
+        "0",
+        "--json",
+    ]
+    out = subprocess.run(bench, check=True, capture_output=True, text=True).stdout
+    report = json.loads(out)
+    print(
+        f"rate {rate:>5}: {report['requests_per_s']:.2f} req/s, "
+        f"P99 E2E {report['e2e_p99_s']}, 429s {report['rejected']}",
+        file=sys.stderr,
+    )
+    return {"request_rate": rate, "command": shlex.join(bench[3:]), **report}
+
+
+def write_markdown(result: dict) -> str:
+    """http_rates.md: a row per rate, then each row's command."""
+    runs = result["runs"]
     lines = [
         "# wok bench http at three request rates",
         "",
@@ -148,9 +170,7 @@ def main() -> int:
         )
     lines += ["", "Each row's command:", ""]
     lines += [f"- `wok {r['command']}`" for r in runs]
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
-    print(Path(args.out + ".md").read_text())
-    return 0
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -157,6 +158,73 @@ def timing_summary(paged_s: list[float], dense_s: list[float], plan_s: list[floa
     return row
 
 
+def decode_row(
+    runner: ModelRunner, B: int, args: argparse.Namespace, rng: random.Random
+) -> dict[str, Any]:
+    """One decode step of B sequences of random context, paged against dense, interleaved."""
+    lengths = [rng.randint(args.min_len, args.max_len) for _ in range(B)]
+    inputs = make_decode_inputs(runner, lengths, rng)
+    dense = DenseDecode(runner, lengths)
+    ids = torch.tensor([x.token_ids[0] for x in inputs])
+    for _ in range(2):  # warm-up both paths
+        runner.forward(inputs)
+        dense_step(runner, dense, ids)
+    paged_s, dense_s, plan_s = [], [], []
+    for _ in range(args.iters):
+        paged_s.append(timed(runner.forward, inputs))
+        dense_s.append(timed(dense_step, runner, dense, ids))
+        plan_s.append(timed(runner._plan, inputs))
+    row = {
+        "step": "decode",
+        "batch": B,
+        "mean_context": statistics.mean(lengths),
+        **timing_summary(paged_s, dense_s, plan_s),
+    }
+    print(
+        f"decode  B={B:3d} ctx~{row['mean_context']:.0f}  paged {row['paged_ms']:7.2f} ms  "
+        f"dense {row['dense_ms']:7.2f} ms  overhead {row['overhead_ms']:+6.2f} ms "
+        f"({row['ratio']:.3f}x; min/min {row['ratio_min']:.3f}x)  plan {row['plan_ms']:.3f} ms",
+        flush=True,
+    )
+    return row
+
+
+def prefill_row(runner: ModelRunner, B: int, rng: random.Random, *, iters: int) -> dict[str, Any]:
+    """B prompts of 16-64 tokens in one step (the cache writes and the plan are the cost), paged
+    against a bare packed forward, interleaved."""
+    lengths = [rng.randint(16, 64) for _ in range(B)]
+    inputs = make_decode_inputs(runner, lengths, rng)
+    inputs = [
+        StepInput([rng.randrange(runner.config.vocab_size) for _ in range(n)], 0, x.block_table)
+        for n, x in zip(lengths, inputs, strict=True)
+    ]
+    backend = PackedCausal(lengths)
+    ids = torch.tensor([t for x in inputs for t in x.token_ids])
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    last = torch.tensor([b - 1 for _, b in backend.bounds])
+    for _ in range(2):
+        runner.forward(inputs)
+        bare_prefill(runner, backend, ids, positions, last)
+    paged_s, dense_s, plan_s = [], [], []
+    for _ in range(iters):
+        paged_s.append(timed(runner.forward, inputs))
+        dense_s.append(timed(bare_prefill, runner, backend, ids, positions, last))
+        plan_s.append(timed(runner._plan, inputs))
+    row = {
+        "step": "prefill",
+        "batch": B,
+        "tokens": sum(lengths),
+        **timing_summary(paged_s, dense_s, plan_s),
+    }
+    print(
+        f"prefill B={B:3d} {row['tokens']} tokens  paged {row['paged_ms']:7.2f} ms  "
+        f"bare {row['dense_ms']:7.2f} ms  overhead {row['overhead_ms']:+6.2f} ms "
+        f"({row['ratio']:.3f}x; min/min {row['ratio_min']:.3f}x)  plan {row['plan_ms']:.3f} ms",
+        flush=True,
+    )
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:smollm2-135m")
@@ -177,66 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     runner = ModelRunner.from_source(args.model, kv_cache_bytes=1 << 30)
     rng = random.Random(args.seed)
-    rows = []
-    for B in [] if args.only_hf else args.batch:
-        lengths = [rng.randint(args.min_len, args.max_len) for _ in range(B)]
-        inputs = make_decode_inputs(runner, lengths, rng)
-        dense = DenseDecode(runner, lengths)
-        ids = torch.tensor([x.token_ids[0] for x in inputs])
-        for _ in range(2):  # warm-up both paths
-            runner.forward(inputs)
-            dense_step(runner, dense, ids)
-        paged_s, dense_s, plan_s = [], [], []
-        for _ in range(args.iters):
-            paged_s.append(timed(runner.forward, inputs))
-            dense_s.append(timed(dense_step, runner, dense, ids))
-            plan_s.append(timed(runner._plan, inputs))
-        row = {
-            "step": "decode",
-            "batch": B,
-            "mean_context": statistics.mean(lengths),
-            **timing_summary(paged_s, dense_s, plan_s),
-        }
-        rows.append(row)
-        print(
-            f"decode  B={B:3d} ctx~{row['mean_context']:.0f}  paged {row['paged_ms']:7.2f} ms  "
-            f"dense {row['dense_ms']:7.2f} ms  overhead {row['overhead_ms']:+6.2f} ms "
-            f"({row['ratio']:.3f}x; min/min {row['ratio_min']:.3f}x)  plan {row['plan_ms']:.3f} ms",
-            flush=True,
-        )
-    # Prefill: B prompts of 16-64 tokens in one step (the cache writes and the plan are the cost).
-    for B in [] if args.only_hf else args.batch:
-        lengths = [rng.randint(16, 64) for _ in range(B)]
-        inputs = make_decode_inputs(runner, lengths, rng)
-        inputs = [
-            StepInput([rng.randrange(runner.config.vocab_size) for _ in range(n)], 0, x.block_table)
-            for n, x in zip(lengths, inputs, strict=True)
-        ]
-        backend = PackedCausal(lengths)
-        ids = torch.tensor([t for x in inputs for t in x.token_ids])
-        positions = torch.cat([torch.arange(n) for n in lengths])
-        last = torch.tensor([b - 1 for _, b in backend.bounds])
-        for _ in range(2):
-            runner.forward(inputs)
-            bare_prefill(runner, backend, ids, positions, last)
-        paged_s, dense_s, plan_s = [], [], []
-        for _ in range(max(3, args.iters // 3)):
-            paged_s.append(timed(runner.forward, inputs))
-            dense_s.append(timed(bare_prefill, runner, backend, ids, positions, last))
-            plan_s.append(timed(runner._plan, inputs))
-        row = {
-            "step": "prefill",
-            "batch": B,
-            "tokens": sum(lengths),
-            **timing_summary(paged_s, dense_s, plan_s),
-        }
-        rows.append(row)
-        print(
-            f"prefill B={B:3d} {row['tokens']} tokens  paged {row['paged_ms']:7.2f} ms  "
-            f"bare {row['dense_ms']:7.2f} ms  overhead {row['overhead_ms']:+6.2f} ms "
-            f"({row['ratio']:.3f}x; min/min {row['ratio_min']:.3f}x)  plan {row['plan_ms']:.3f} ms",
-            flush=True,
-        )
+    batches = [] if args.only_hf else args.batch
+    rows = [decode_row(runner, B, args, rng) for B in batches]
+    rows += [prefill_row(runner, B, rng, iters=max(3, args.iters // 3)) for B in batches]
     if args.hf or args.only_hf:
         for B in args.batch:
             row = hf_vs_paged_decode(runner, args.model, B, 96, args.iters, rng)
