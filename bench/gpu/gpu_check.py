@@ -287,23 +287,16 @@ def check(
 ) -> None:
     """Parts (a)-(d) for one model, filling `report` part by part, so a failure still leaves
     what was measured."""
-    from engine_vs_hf import MAX_MODEL_LEN, build_scenarios, run_scenario, warm_up
+    from engine_vs_hf import MAX_MODEL_LEN, warm_up
     from hf_reference import load_hf_model
 
-    from wok_operator.api import quantity_bytes
     from wok_runtime.core.model_runner import ModelRunner
 
     cuda = device.startswith("cuda")
     t0 = time.monotonic()
     path = model_path(sizes.model, device)  # generated here on first use
     report["prepare_s"] = time.monotonic() - t0
-    if args.gpu_memory:
-        gpu_memory = quantity_bytes(args.gpu_memory)
-    elif cuda:
-        gpu_memory = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    else:
-        gpu_memory = quantity_bytes("768Mi")
-    gpu_memory -= gpu_memory % 1024  # whole KiB: `wok budget` takes a quantity with a unit
+    gpu_memory = device_memory_bytes(torch, args, device)
     plan, budget_command = operator_budget(path, dtype=dtype, gpu_memory_bytes=gpu_memory)
     # As a pod runs: FlashInfer's attention where it imports, decode graphs on CUDA.
     options = {
@@ -329,21 +322,7 @@ def check(
     report["runner"] = runner_shape(runner)
 
     # (c) the pool the runtime was given, the room it measured, the operator's budget.
-    kv = runner.kv_memory
-    assert kv is not None  # a torch device always measures
-    pool = runner.num_blocks * runner.block_size * runner.kv_bytes_per_token
-    report["kv_pool"] = {
-        "operator_budget_bytes": plan["kv_budget_bytes"],
-        "operator_budget": plan,
-        "wok_budget_command": budget_command,
-        "runtime_measured_bytes": kv.measured_bytes,
-        "runtime_pool_bytes": pool,
-        "runtime_pool_blocks": runner.num_blocks,
-        "measured_over_budget": kv.measured_bytes / plan["kv_budget_bytes"],
-        "differ_by_more_than_10_percent": kv.differs(),
-        "note": "the measured room is the device's on CUDA; on the CPU it is the runtime's "
-        "default share of host memory, so only a CUDA run compares like with like",
-    }
+    report["kv_pool"] = kv_pool(runner, plan, budget_command)
     if cuda:  # the whole GPU's pool leaves no room for HF's copy: a small pool from here on
         del runner
         torch.cuda.empty_cache()
@@ -360,12 +339,59 @@ def check(
     report["equality"] = greedy_equality(runner, hf, sizes, seed=args.seed)
 
     # (b) throughput on engine_vs_hf's workloads.
+    report["throughput"] = throughput(runner, hf, args, sizes, began)
+    if cuda:
+        memory["peak_whole_run_bytes"] = torch.cuda.max_memory_allocated(device)
+        del runner, hf
+        torch.cuda.empty_cache()
+
+
+def device_memory_bytes(torch: Any, args: argparse.Namespace, device: str) -> int:
+    """The memory the operator's budget plans for: --gpu-memory, else the GPU's own, else
+    (on the CPU) 768 MiB; in whole KiB, as `wok budget` takes a quantity with a unit."""
+    from wok_operator.api import quantity_bytes
+
+    if args.gpu_memory:
+        gpu_memory = quantity_bytes(args.gpu_memory)
+    elif device.startswith("cuda"):
+        gpu_memory = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        gpu_memory = quantity_bytes("768Mi")
+    return gpu_memory - gpu_memory % 1024
+
+
+def kv_pool(runner: Any, plan: dict[str, Any], budget_command: str) -> dict[str, Any]:
+    """The pool the runtime was given and the room it measured, against the operator's budget."""
+    kv = runner.kv_memory
+    assert kv is not None  # a torch device always measures
+    pool = runner.num_blocks * runner.block_size * runner.kv_bytes_per_token
+    return {
+        "operator_budget_bytes": plan["kv_budget_bytes"],
+        "operator_budget": plan,
+        "wok_budget_command": budget_command,
+        "runtime_measured_bytes": kv.measured_bytes,
+        "runtime_pool_bytes": pool,
+        "runtime_pool_blocks": runner.num_blocks,
+        "measured_over_budget": kv.measured_bytes / plan["kv_budget_bytes"],
+        "differ_by_more_than_10_percent": kv.differs(),
+        "note": "the measured room is the device's on CUDA; on the CPU it is the runtime's "
+        "default share of host memory, so only a CUDA run compares like with like",
+    }
+
+
+def throughput(
+    runner: Any, hf: Any, args: argparse.Namespace, sizes: Sizes, began: float
+) -> dict[str, Any]:
+    """engine_vs_hf's workloads, each wok against HF, by scenario; those past the time limit
+    (from `began`), or without their trace, skipped and said so."""
+    from engine_vs_hf import build_scenarios, run_scenario
+
     trace = Path(args.trace)
     names = set(args.scenarios.split(",")) if sizes.num_requests else set()
-    throughput: dict[str, Any] = {}
+    results: dict[str, Any] = {}
     if "c" in names and not trace.is_file():
         names.discard("c")
-        throughput["c_azure_code_trace"] = {"skipped": f"no trace at {trace}"}
+        results["c_azure_code_trace"] = {"skipped": f"no trace at {trace}"}
     scenarios = build_scenarios(
         names,
         vocab=runner.config.vocab_size,
@@ -377,15 +403,11 @@ def check(
     )
     for scenario in scenarios:
         if time.monotonic() - began > TIME_LIMIT_S:
-            throughput[scenario.key] = {"skipped": f"past the {TIME_LIMIT_S:.0f} s time limit"}
+            results[scenario.key] = {"skipped": f"past the {TIME_LIMIT_S:.0f} s time limit"}
             continue
         result, _ = run_scenario(runner, hf, scenario)
-        throughput[scenario.key] = result
-    report["throughput"] = throughput
-    if cuda:
-        memory["peak_whole_run_bytes"] = torch.cuda.max_memory_allocated(device)
-        del runner, hf
-        torch.cuda.empty_cache()
+        results[scenario.key] = result
+    return results
 
 
 def runner_shape(runner: Any) -> dict[str, Any]:
