@@ -2,7 +2,8 @@
 
 Paused services (maxReplicas 0: no pods) keep the apiserver and this machine's two cores free for
 the operator itself; every service still reconciles, ticks and queries. The figures (CPU per
-tick, PromQL requests per tick) are written to bench/results/.
+tick, PromQL requests per tick) are written to out/operator_scale.json; the committed figures
+are bench/operator/operator_scale.py's (bench/operator/results/).
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 #: idles at about 0.6 GiB RSS on the CPU (torch's CUDA build); the CUDA context adds its host
 #: side on a GPU node; the rest is headroom.
 RUNTIME_OVERHEAD_BYTES = 2 * 2**30
-#: A `sim:` pod: no torch and no weights (about 65 MB RSS idle, bench/results/sim_device.md).
+#: A `sim:` pod: no torch and no weights (about 65 MB RSS idle,
+#: bench/runtime/results/sim_device.md).
 SIM_POD_MEMORY_BYTES = 256 * 2**20
 
 PRESETS: dict[str, Architecture] = {

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py cannot rot: its --device cpu --quick mode runs the same code path as on a
+"""bench/gpu/gpu_check.py cannot rot: its --device cpu --quick mode runs the same code path as on a
 GPU (greedy equality with transformers, engine_vs_hf's workloads, the KV pool against the
 operator's budget, load times) end to end on builtin:tiny, in seconds."""
 
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "gpu_check.py"
 
 
 def test_the_quick_cpu_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The loader streams: loading builtin:smollm2-135m as bfloat16 (from its float32 checkpoint) in
 a fresh process peaks at about the weights once on the host, not the checkpoint plus fused
-copies (3.3× the weights before the streaming loader; bench/results/loader_rss.md)."""
+copies (3.3× the weights before the streaming loader; bench/runtime/results/loader_rss.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "loader_rss.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "runtime" / "loader_rss.py"
 
 
 def test_loading_holds_no_second_copy_of_the_weights():

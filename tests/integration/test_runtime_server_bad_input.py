@@ -247,8 +247,8 @@ def test_probes_stay_fast_while_bodies_of_tiny_messages_arrive(server: RuntimeSe
     for answer in answers:
         error = error_of(answer, 400)
         assert error["param"] == "messages" and "at most 2,048 messages" in error["message"]
-    # Coarse (the benchmark, bench/probe_stall.py, measures the goal): never near the kubelet's
-    # 1 s probe timeout.
+    # Coarse (the benchmark, bench/runtime/probe_stall.py, measures the goal): never near the
+    # kubelet's 1 s probe timeout.
     assert max(latencies) < 1.0, sorted(latencies)[-5:]
 
 

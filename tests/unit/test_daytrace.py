@@ -1,5 +1,5 @@
-"""bench/daytrace.py: the static fleets near wok run on wok's seeds, and the frontier and
-static-peak it reports are means over those seeds only."""
+"""bench/autoscaling/daytrace.py: the static fleets near wok run on wok's seeds, and the frontier
+and static-peak it reports are means over those seeds only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "daytrace.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "autoscaling" / "daytrace.py"
 
 
 @pytest.fixture(scope="module")

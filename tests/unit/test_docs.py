@@ -219,12 +219,12 @@ def test_the_readme_gpu_status_matches_bench_results():
     for heading in ("**Models**", "**GPU status**", "**Prerequisites**", "**Images**"):
         assert heading in top, heading
     # The claim stands only while no GPU result has been written.
-    report = ROOT / "bench" / "results" / "gpu_check.md"
+    report = ROOT / "bench" / "gpu" / "results" / "gpu_check.md"
     ran = report.is_file() and "not run on a GPU" not in report.read_text()
     if "nothing of wok has run on a GPU yet" in top:
-        assert not ran, "bench/results holds a GPU run the README does not mention"
+        assert not ran, "bench/gpu/results holds a GPU run the README does not mention"
     else:
-        assert ran, "the README claims a GPU run that bench/results does not hold"
+        assert ran, "the README claims a GPU run that bench/gpu/results does not hold"
 
 
 def test_the_readme_at_a_glance_names_every_family_the_runtime_serves():

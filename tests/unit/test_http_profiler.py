@@ -1,5 +1,5 @@
 """`wok profile --url`: reading a server's size from its metrics, and step samples from the gaps
-between the tokens it streams (the pure part; the HTTP part runs in bench/http_profile_check.py
+between the tokens it streams (the pure part; the HTTP part runs in bench/vllm/http_profile_check.py
 against real servers)."""
 
 from __future__ import annotations

@@ -225,8 +225,8 @@ def test_the_replicas_a_deadline_needs_reach_status_with_the_decision_or_the_hea
     assert status_digest(lane(2)) != status_digest({**lane(2), "batchLane": {"requests": 0}})
 
 
-# The operator_scale bench's services (bench/autoscale_manifests.py): an 8B model on 80 GiB,
-# whose memory cap is 256 at the observed mean length and 221 at maxModelLen.
+# The operator_scale bench's services (bench/autoscaling/autoscale_manifests.py): an 8B model on
+# 80 GiB, whose memory cap is 256 at the observed mean length and 221 at maxModelLen.
 BENCH_SPEC = InferenceServiceSpec.model_validate(
     {
         "model": {"source": "sim:llama-3-8b-80g", "preset": "llama-3-8b", "dtype": "bfloat16"},

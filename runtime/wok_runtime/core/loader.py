@@ -63,7 +63,7 @@ def load_model(
     Streams: each checkpoint tensor is read into a host buffer, copied (converted) into its
     rows of the parameter on the device, and dropped, so the host never holds the checkpoint
     nor fused copies of it; on a GPU it holds about the largest tensor
-    (`bench/results/loader_rss.md`)."""
+    (`bench/runtime/results/loader_rss.md`)."""
     config = ModelConfig.from_file(Path(path) / "config.json")
     check_divisible(config, parallel.size)
     model = Transformer(config, parallel)  # uninitialised parameters (untouched), replaced below

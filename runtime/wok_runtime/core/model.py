@@ -41,7 +41,7 @@ class AttentionBackend(Protocol):
 
 #: Rows from which a bfloat16 linear on a CPU with fp32 copies of its weights runs on them:
 #: without AMX, oneDNN's bf16 GEMM reaches about half the fp32 kernel's rate once a GEMM is
-#: compute-bound; below this, reading half the bytes wins (bench/results/cpu_kernels.md).
+#: compute-bound; below this, reading half the bytes wins (bench/runtime/results/cpu_kernels.md).
 FP32_GEMM_MIN_ROWS = 32
 
 #: The rows a prepacked weight's blocked layout is chosen for (oneDNN's hint; vLLM's CPU backend
@@ -72,7 +72,7 @@ class Linear(nn.Module):
     On a CPU a bfloat16 linear can run on its weight reordered once into oneDNN's blocked layout
     (`pack`, on CPUs with AMX), or into brgemm's (`pack_for_brgemm`, under `--compile` on CPUs
     with AMX), or, without AMX, on fp32 copies for large steps (`keep_fp32_copy`);
-    bench/results/cpu_kernels.md and cpu_linear_ops.md measured them."""
+    bench/runtime/results/cpu_kernels.md and cpu_linear_ops.md measured them."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()

@@ -562,7 +562,7 @@ class ModelRunner:
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A bool mask (True: may attend) as the float one SDPA adds to the scores, made once a
         step: given the bool one, every layer's SDPA call converts it again, which cost up to
-        half of a decode's attention (bench/results/cpu_kernels.md)."""
+        half of a decode's attention (bench/runtime/results/cpu_kernels.md)."""
         return torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -573,10 +573,10 @@ class ModelRunner:
 
 def prepare_cpu_gemms(model: Transformer) -> None:
     """A bfloat16 model on a CPU with AMX runs every linear on its weight prepacked for oneDNN,
-    as vLLM's CPU backend does (1.01–1.18× the engine's tok/s, bench/results/
-    cpu_gemm_packing.md). Without AMX its larger GEMMs run on fp32 copies of the weights
-    (model.FP32_GEMM_MIN_ROWS): the memory for twice the speed of prefills and large decode
-    batches."""
+    as vLLM's CPU backend does (1.01–1.18× the engine's tok/s,
+    bench/runtime/results/cpu_gemm_packing.md). Without AMX its larger GEMMs run on fp32 copies of
+    the weights (model.FP32_GEMM_MIN_ROWS): the memory for twice the speed of prefills and large
+    decode batches."""
     if torch.cpu._is_amx_tile_supported():
         model.pack_gemm_weights()
         log.info("bfloat16 on a CPU with AMX: linear weights prepacked for oneDNN")

@@ -55,7 +55,7 @@ from wok_runtime.core.sequence import Lane, Sequence, SequenceStatus
 ONLINE_IDLE_GRACE_S = 1.0
 #: Slots under `max_batch_size` the batch lane leaves free while online traffic is about, for
 #: the next online arrival: without one, every arrival finds the cap full and preempts a batch
-#: sequence whose prompt is then computed again (`bench/results/batch_lane.md`).
+#: sequence whose prompt is then computed again (`bench/runtime/results/batch_lane.md`).
 ONLINE_HEADROOM_SLOTS = 1
 
 

@@ -55,7 +55,7 @@ class _ChunkRenderer:
     token ids, so the chunk model's JSON is rendered once with markers where they go, and each
     token's event fills them in (`json.dumps` escapes a string exactly as pydantic does). A model
     built and dumped per token and request was 4 % of a busy event loop's time (32 streams,
-    bench/results/runtime_http_profile.md). A chunk with a finish reason, one per stream, is
+    bench/runtime/results/runtime_http_profile.md). A chunk with a finish reason, one per stream, is
     built by the model."""
 
     _TEXT = "wok-chunk-text-marker"

@@ -97,8 +97,8 @@ class _Mailbox:
 
     Waking the loop costs a write to its self-pipe on the engine thread and a read and a callback
     on the loop: one per request per step was 7 % of a busy engine thread's time (32 running,
-    `tiny`, bench/results/runtime_http_profile.md). `post` only queues an output; `flush`, which
-    the engine calls after each batch of outputs (`LLMEngine.after_outputs`), schedules one
+    `tiny`, bench/runtime/results/runtime_http_profile.md). `post` only queues an output; `flush`,
+    which the engine calls after each batch of outputs (`LLMEngine.after_outputs`), schedules one
     delivery, and the loop fills every request's queue in the order posted.
     """
 

@@ -4,13 +4,13 @@ Why: a decode step reads every weight of the model once, so its GEMMs take as lo
 memory takes to stream the weights, plus what each call costs before it reads a byte. torch's
 oneDNN linear on a prepacked weight (`Linear.pack`) costs about 18 µs a call and ran a pass over
 SmolLM2's 121 linears at 1 to 32 rows 8–10 % slower than vLLM's own oneDNN handler
-(bench/results/cpu_linear_ops.md). This kernel calls the AMX micro-kernel that torch exports
+(bench/runtime/results/cpu_linear_ops.md). This kernel calls the AMX micro-kernel that torch exports
 (`at::native::cpublas::brgemm`, oneDNN's ukernel) directly, as the SGLang and vLLM CPU backends
 do for small GEMMs: each weight is stored once, in blocks of 64 (or 32) output features laid
 out as brgemm reads them (`at::native::cpublas::pack`: W^T, pairs of inputs interleaved), and a
 call runs one brgemm per block and per 128 rows, sums in fp32, rounded once to bfloat16 (oneDNN's
 sums too). Steps of hundreds of rows (prefill chunks) run a few per cent slower than on oneDNN;
-decode steps, where a server's time goes, faster (bench/results/cpu_linear_ops.md).
+decode steps, where a server's time goes, faster (bench/runtime/results/cpu_linear_ops.md).
 
 Built by `cpu_extension.build` under `--compile`, on CPUs with AMX only (without it brgemm wants
 another layout); a model that cannot have it keeps oneDNN's packed weights.

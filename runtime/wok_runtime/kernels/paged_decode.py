@@ -3,8 +3,8 @@
 Why: in plain torch a decode group's attention first gathers its sequences' blocks into one
 tensor (`index_select`) and then runs SDPA over the copy, so every key and value crosses memory
 three times: read, written, read again. At 32 sequences on SmolLM2 that was a third of a decode
-step (bench/results/runtime_step.md). This kernel walks each sequence's block table and reads
-every key and value once, as vLLM's CPU attention does: one (sequence, KV head) at a time, the
+step (bench/runtime/results/runtime_step.md). This kernel walks each sequence's block table and
+reads every key and value once, as vLLM's CPU attention does: one (sequence, KV head) at a time, the
 query heads that share the KV head together, a block's scores first and then one softmax
 rescale per block (online softmax), all in fp32.
 
