@@ -11,16 +11,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from wok_sim import evaluate as e
 from wok_sim.aibrix_policy import AibrixPolicy
+from wok_sim.evaluation_matrix import WARM_UP_S, Condition, context
 from wok_sim.fleet import FleetConfig, simulate_fleet
 
 TARGETS = (0.05, 0.1, 0.2, 0.5)  # the sweep before the matrix kept the targets that act
 CONDITIONS = (
-    e.Condition("code", 3.0, 90.0, "loose"),
-    e.Condition("code", 4.0, 90.0, "loose"),
-    e.Condition("conv", 1.0, 90.0, "loose"),
-    e.Condition("mooncake", 1.0, 90.0, "loose"),
+    Condition("code", 3.0, 90.0, "loose"),
+    Condition("code", 4.0, 90.0, "loose"),
+    Condition("conv", 1.0, 90.0, "loose"),
+    Condition("mooncake", 1.0, 90.0, "loose"),
 )
 OUT = Path(__file__).resolve().parent / "results" / "aibrix_kv_reach.md"
 
@@ -38,10 +38,8 @@ def main() -> int:
         "|---|---|---|---|---|",
     ]
     for condition in CONDITIONS:
-        ctx = e.context(condition, 0)
-        config = FleetConfig(
-            profile=ctx.profile, cold_start_s=90.0, seed=0, score_from_s=e.WARM_UP_S
-        )
+        ctx = context(condition, 0)
+        config = FleetConfig(profile=ctx.profile, cold_start_s=90.0, seed=0, score_from_s=WARM_UP_S)
         for strategy in ("kpa", "apa"):
             # The targets that act need showing once (the code trace ×3); those that never do,
             # on every trace.

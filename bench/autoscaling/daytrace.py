@@ -4,21 +4,21 @@ times that rate).
 
 The conditions are `wok evaluate`'s (`Condition("day", scale, 90 s, loose)`: TTFT 2 s, TPOT 0.1 s,
 scored from its warm-up, the planner's warm start for the autoscalers, static fleets at full size)
-and so are the frontier and static-peak (`wok_sim.evaluate`'s pure functions). A day is 24 times
-an hour-long trace's simulations, so this runs a chosen subset of `wok evaluate`'s matrix: wok on
-the seeds asked, the static fleets around the peak at the B the hour-long frontiers chose (32 and
+and so are the frontier and static-peak (`wok_sim.evaluation_analysis`'s pure functions). A day
+is 24 times an hour-long trace's simulations, so this runs a chosen subset of `wok evaluate`'s
+matrix: wok on the seeds asked, the static fleets around the peak at the B the hour-long frontiers chose (32 and
 64) on the first seed and those that make the frontier near wok on every seed (the frontier and
 static-peak are means over wok's seeds, as in `wok evaluate`), and the swept baselines' targets
 that came nearest wok on the hour-long traces, on the first seed. It also keeps
 what the summary hides: per hour, the load, the pods and the attainment of wok and static-peak.
 
-    nice -n 19 .venv/bin/python bench/daytrace.py --seeds 0,1,2,3,4 --jobs 1  # jobs not in the JSON
-    .venv/bin/python bench/daytrace.py --render                  # the table and plot again
-    nice -n 19 .venv/bin/python bench/daytrace.py --scale 3 --seeds 0 --jobs 1  # 3 x the rate
+    python bench/autoscaling/daytrace.py --seeds 0,1,2,3,4 --jobs 1  # the jobs not in the JSON
+    python bench/autoscaling/daytrace.py --render                    # the table and plot again
+    python bench/autoscaling/daytrace.py --scale 3 --seeds 0 --jobs 1  # 3 x the rate
 
-Writes bench/results/daytrace.{md,json,png} (daytrace_x{scale}.* at another `--scale`); each
-finished simulation is saved at once, so a run that is stopped keeps what it did and the next run
-goes on from there.
+Writes bench/autoscaling/results/daytrace.{md,json,png} (daytrace_x{scale}.* at another
+`--scale`); each finished simulation is saved at once, so a run that is stopped keeps what it
+did and the next run goes on from there.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ BASELINES = (
 )
 # The field's autoscalers (their `-swept` registry entries) over their targets at B64, the B
 # the day's frontier chose: AIBrix on the waiting queue only (on KV usage they do not scale up
-# on these loads, bench/results/field_ports.md), Dynamo's planner and WVA at each target scale.
+# on these loads, bench/autoscaling/results/field_ports.md), Dynamo's planner and WVA at each
+# target scale.
 # A day's simulation is minutes on the shared machine: one target of each first, in this order.
 FIELD = tuple(
     (registry, f"{prefix}{target}", 64)
@@ -412,7 +413,7 @@ def main() -> int:
     out = args.out or default_out(args.scale)
     stored = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     runs: list[dict] = stored["runs"]
-    command = "nice -n 19 .venv/bin/python bench/daytrace.py " + " ".join(sys.argv[1:])
+    command = "nice -n 19 .venv/bin/python bench/autoscaling/daytrace.py " + " ".join(sys.argv[1:])
     if args.render:
         write(runs, stored.get("command", command), out, stored.get("scale", args.scale))
         print(out.with_suffix(".md").read_text())

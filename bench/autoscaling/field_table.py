@@ -12,8 +12,8 @@ and the two competitors nearest it.
 
 A competitor is a registry entry: `hpa-concurrency-swept`, `keda-waiting-swept`,
 `aibrix-kpa-swept`, `aibrix-apa-swept`, `dynamo-planner-swept`, `wva-swept`. Its frontier at
-wok's GPU-h is `wok_sim.evaluate.frontier_at` over its variants (linear between adjacent
-ones, never below a cheaper one), as the static frontier is read. Every trace here is a
+wok's GPU-h is `wok_sim.evaluation_analysis.frontier_at` over its variants (linear between
+adjacent ones, never below a cheaper one), as the static frontier is read. Every trace here is a
 development trace.
 """
 
@@ -27,18 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from wok_sim.evaluate import (
-    STATIC,
-    SWEPT_BASELINES,
-    Condition,
-    Job,
-    Outcome,
-    Point,
-    best_batches,
-    frontier_at,
-    point,
-    points,
-)
+from wok_sim.evaluation_analysis import Point, best_batches, frontier_at, point, points
+from wok_sim.evaluation_matrix import STATIC, SWEPT_BASELINES, Condition, Job, Outcome
 
 WOK = "wok"
 HOUR_S = 3600.0

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from wok_sim.evaluate import Condition, variants_of
+from wok_sim.evaluation_matrix import Condition, variants_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -23,11 +23,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from wok_sim import evaluate as e
+from wok_sim.evaluation_journal import Journal
+from wok_sim.evaluation_matrix import ON_REQUEST, STATIC, SWEPT_BASELINES, Job, context, matrix
+from wok_sim.evaluation_runner import first_jobs, run_job
 
 
-def kind(job: e.Job) -> str:
-    return job.policy if job.policy in (e.STATIC, *e.SWEPT_BASELINES) else "the law's"
+def kind(job: Job) -> str:
+    return job.policy if job.policy in (STATIC, *SWEPT_BASELINES) else "the law's"
 
 
 def main() -> int:
@@ -36,21 +38,21 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=20, help="time every k-th job of a group")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    done = set(e.Journal(args.journal).done)
-    conditions = e.matrix()
-    default = {c for c in conditions if c.trace not in e.ON_REQUEST}
+    done = set(Journal(args.journal).done)
+    conditions = matrix()
+    default = {c for c in conditions if c.trace not in ON_REQUEST}
     jobs = {j for j in done if j.condition in default}
-    jobs |= set(e.first_jobs(sorted(default), []))
-    groups: dict[tuple[str, str], list[e.Job]] = defaultdict(list)
+    jobs |= set(first_jobs(sorted(default), []))
+    groups: dict[tuple[str, str], list[Job]] = defaultdict(list)
     for job in sorted(jobs, key=lambda j: (j.condition, j.seed, j.policy, j.variant)):
         groups[(job.condition.trace, kind(job))].append(job)
     rows, total = [], 0.0
     for (trace, what), members in sorted(groups.items()):
         timed = []
         for job in members[:: args.every]:
-            e.context(job.condition, job.seed, warm_start_fleet=job.policy != e.STATIC)
+            context(job.condition, job.seed, warm_start_fleet=job.policy != STATIC)
             started = time.process_time()
-            e.run_job(job)
+            run_job(job)
             timed.append(time.process_time() - started)
         mean = statistics.fmean(timed)
         total += mean * len(members)

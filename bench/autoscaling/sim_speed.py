@@ -55,13 +55,14 @@ JOBS = [
 ]
 CHILD = """
 import json, sys, time
-from wok_sim import evaluate as e
+from wok_sim.evaluation_matrix import STATIC, WARM_UP_S, Condition, Job, context
+from wok_sim.evaluation_runner import run_job
 out = {}
 for trace, scale, start, slo, seed, policy, variant in json.loads(sys.argv[1]):
-    job = e.Job(e.Condition(trace, scale, start, slo), seed, policy, variant)
-    e.context(job.condition, seed, warm_start_fleet=policy != e.STATIC)  # not timed
+    job = Job(Condition(trace, scale, start, slo), seed, policy, variant)
+    context(job.condition, seed, warm_start_fleet=policy != STATIC)  # not timed
     t = time.process_time()  # CPU seconds: the shared machine's load does not count
-    o = e.run_job(job)
+    o = run_job(job)
     label = f"{trace} x{scale:g} {start:g} s {slo} seed {seed} {o.name}" + (
         f" B{o.batch}" if o.batch else "")
     out[label] = [time.process_time() - t, o.name, o.attainment, o.gpu_hours]
@@ -94,11 +95,12 @@ if job == "headline":
         requests=tuple(requests), start_replicas=warm_start(profile, requests, slos))
     config = FleetConfig(profile=profile, cold_start_s=90.0, seed=0, fast=fast)
 else:
-    from wok_sim import evaluate as e
-    ctx = e.context(e.Condition("day", 1.0, 90.0, "loose"), 0)
+    from wok_sim.evaluation_matrix import STATIC, WARM_UP_S, Condition, Job, context
+    from wok_sim.evaluation_runner import run_job
+    ctx = context(Condition("day", 1.0, 90.0, "loose"), 0)
     slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s)
     config = FleetConfig(profile=ctx.profile, cold_start_s=90.0, seed=0, fast=fast,
-        score_from_s=e.WARM_UP_S)
+        score_from_s=WARM_UP_S)
 policy = load_registry()["wok"].variants(ctx)[0]
 requests = list(ctx.requests)
 t = time.process_time()  # CPU seconds: the shared machine's load does not count

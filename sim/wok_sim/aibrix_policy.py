@@ -13,8 +13,8 @@ mean); a draining pod still answers. minReplicas is 1, as in the samples.
   waiting queue over `WAITING_TARGETS`, every variant named with its metric and target, for
   `wok evaluate`'s swept baselines. The KV targets are those that act: at 0.2 and 0.5 neither
   scaled past one pod on the code trace ×3 and ×4, the conversation trace or the Mooncake
-  excerpt, at any B (bench/results/aibrix_kv_reach.md), so they cost the matrix simulations and
-  add no point to the frontier.
+  excerpt, at any B (bench/autoscaling/results/aibrix_kv_reach.md), so they cost the matrix
+  simulations and add no point to the frontier.
 """
 
 from __future__ import annotations

@@ -38,57 +38,22 @@ from typing import Any
 
 from wok_sim.evaluation_analysis import (
     Evaluation,
-    Point,
-    best_batches,
     evaluate,
-    frontier_at,
-    point,
-    points,
 )
 from wok_sim.evaluation_journal import Journal
 from wok_sim.evaluation_matrix import (
     ON_REQUEST,
     SLO_SETS,
-    STATIC,
     SWEPT_BASELINES,
     TRACES,
-    WARM_UP_S,
     WINDOW,
     Condition,
-    Job,
     Outcome,
-    context,
     matrix,
     pick,
     split_window,
-    variants_of,
 )
-from wok_sim.evaluation_runner import first_jobs, run_job, run_matrix
-
-# The names the benchmark scripts take from `wok_sim.evaluate`, each defined in its own module
-# (`evaluation_matrix`, `evaluation_runner`, `evaluation_journal`, `evaluation_analysis`).
-__all__ = [
-    "ON_REQUEST",
-    "STATIC",
-    "SWEPT_BASELINES",
-    "WARM_UP_S",
-    "Condition",
-    "Job",
-    "Journal",
-    "Outcome",
-    "Point",
-    "best_batches",
-    "context",
-    "first_jobs",
-    "frontier_at",
-    "matrix",
-    "point",
-    "points",
-    "register",
-    "run",
-    "run_job",
-    "variants_of",
-]
+from wok_sim.evaluation_runner import run_matrix
 
 MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered are run
 
@@ -154,7 +119,9 @@ def register(commands: Any) -> None:
         metavar="S",
         help="the pod start of a trace file's conditions",
     )
-    parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench/autoscaling/results"), metavar="DIR"
+    )
     parser.add_argument(
         "--render",
         type=Path,
