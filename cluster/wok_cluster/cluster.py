@@ -4,6 +4,7 @@ pod backer, i.e. everything between `kubectl apply -f deployment.yaml` and a liv
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,67 +74,13 @@ class Cluster:
     def start(self, *, timeout: float = 90.0) -> Cluster:
         started = time.monotonic()
         deadline = started + timeout
-        bins = self.control_plane.binaries
-        kubeconfigs = self.control_plane.kubeconfigs
         cm_port, scheduler_port = free_port(), free_port()
         self.ports = {"kube-controller-manager": cm_port, "kube-scheduler": scheduler_port}
-        cm = self.supervisor.start(
-            "kube-controller-manager",
-            [
-                bins["kube-controller-manager"],
-                *_component_flags(kubeconfigs["controller-manager"], cm_port, self.run_dir / "cm"),
-                # each controller acts as its own ServiceAccount with the bootstrap RBAC roles
-                "--use-service-account-credentials=true",
-                f"--root-ca-file={self.control_plane.pki.ca_cert}",
-                f"--service-account-private-key-file={self.control_plane.pki.sa_key}",
-                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,"
-                # Pods here have loopback IPs, which no Endpoints or EndpointSlice may hold: these
-                # controllers only fail and retry, a Warning event each time (1,638 events in 3
-                # minutes with 300 Services), loading the apiserver everything else waits on.
-                "-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
-                # KWOK is every node's kubelet, starved of CPU when tests load the machine: a
-                # late heartbeat must not mark nodes NotReady and their pods unready
-                "--node-monitor-grace-period=2m",
-                *(
-                    [f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_seconds:g}s"]
-                    if self.hpa_sync_seconds
-                    else []
-                ),
-            ],
-            log=self.run_dir / "kube-controller-manager.log",
-        )
-        scheduler = self.supervisor.start(
-            "kube-scheduler",
-            [
-                bins["kube-scheduler"],
-                *_component_flags(kubeconfigs["scheduler"], scheduler_port, self.run_dir / "sched"),
-            ],
-            log=self.run_dir / "kube-scheduler.log",
-        )
-        kwok = self.supervisor.start(
-            "kwok",
-            [
-                bins["kwok"],
-                f"--kubeconfig={self.kubeconfig}",
-                f"--config={KWOK_STAGES}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                "--node-ip=127.0.0.1",
-                # node health by Lease renewals, as kubelets do: cheap enough to keep up with on
-                # a loaded machine, unlike full node-status heartbeats
-                "--node-lease-duration-seconds=40",
-                f"--server-address=127.0.0.1:{free_port()}",
-            ],
-            log=self.run_dir / "kwok.log",
-        )
+        cm = self._start_controller_manager(cm_port)
+        scheduler = self._start_scheduler(scheduler_port)
+        kwok = self._start_kwok()
         with self.api() as api:
-            for index in range(self.node_count):
-                try:
-                    node = gpu_node(index, gpus=self.gpus_per_node, octet=self.pod_octet)
-                    api.create("/api/v1/nodes", node)
-                except KubeError as error:
-                    if error.status != 409:
-                        raise
+            self._create_nodes(api)
             for popen, port in ((cm, cm_port), (scheduler, scheduler_port)):
                 wait_until(
                     lambda popen=popen, port=port: (
@@ -160,6 +107,76 @@ class Cluster:
             self._start_backer(deadline)
         self.ready_seconds = time.monotonic() - started
         return self
+
+    def _start_controller_manager(self, port: int) -> subprocess.Popen[bytes]:
+        """kube-controller-manager on `port`, its controllers as ServiceAccounts, without the
+        ones that only fail on this cluster."""
+        kubeconfig = self.control_plane.kubeconfigs["controller-manager"]
+        return self.supervisor.start(
+            "kube-controller-manager",
+            [
+                self.control_plane.binaries["kube-controller-manager"],
+                *_component_flags(kubeconfig, port, self.run_dir / "cm"),
+                # each controller acts as its own ServiceAccount with the bootstrap RBAC roles
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={self.control_plane.pki.ca_cert}",
+                f"--service-account-private-key-file={self.control_plane.pki.sa_key}",
+                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,"
+                # Pods here have loopback IPs, which no Endpoints or EndpointSlice may hold: these
+                # controllers only fail and retry, a Warning event each time (1,638 events in 3
+                # minutes with 300 Services), loading the apiserver everything else waits on.
+                "-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
+                # KWOK is every node's kubelet, starved of CPU when tests load the machine: a
+                # late heartbeat must not mark nodes NotReady and their pods unready
+                "--node-monitor-grace-period=2m",
+                *(
+                    [f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_seconds:g}s"]
+                    if self.hpa_sync_seconds
+                    else []
+                ),
+            ],
+            log=self.run_dir / "kube-controller-manager.log",
+        )
+
+    def _start_scheduler(self, port: int) -> subprocess.Popen[bytes]:
+        kubeconfig = self.control_plane.kubeconfigs["scheduler"]
+        return self.supervisor.start(
+            "kube-scheduler",
+            [
+                self.control_plane.binaries["kube-scheduler"],
+                *_component_flags(kubeconfig, port, self.run_dir / "sched"),
+            ],
+            log=self.run_dir / "kube-scheduler.log",
+        )
+
+    def _start_kwok(self) -> subprocess.Popen[bytes]:
+        """KWOK, the kubelet of the nodes annotated as its own (`_create_nodes`)."""
+        return self.supervisor.start(
+            "kwok",
+            [
+                self.control_plane.binaries["kwok"],
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={KWOK_STAGES}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                "--node-ip=127.0.0.1",
+                # node health by Lease renewals, as kubelets do: cheap enough to keep up with on
+                # a loaded machine, unlike full node-status heartbeats
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{free_port()}",
+            ],
+            log=self.run_dir / "kwok.log",
+        )
+
+    def _create_nodes(self, api: KubeApi) -> None:
+        """The GPU nodes; one that already exists (409) is left as it is."""
+        for index in range(self.node_count):
+            try:
+                node = gpu_node(index, gpus=self.gpus_per_node, octet=self.pod_octet)
+                api.create("/api/v1/nodes", node)
+            except KubeError as error:
+                if error.status != 409:
+                    raise
 
     def stop(self) -> None:
         self.supervisor.stop_all()

@@ -789,15 +789,37 @@ def _replica_rule(
         new_replicas = down_target
         why = f"R* ≤ {down_target} < {replicas} for {p.scale_down_window_s:g}s ({demand.text})"
     new_replicas = p.clip_replicas(new_replicas)
+    notes = _replica_notes(obs, p, desired, replicas, new_replicas, floor, proven_rate)
+    memory = _replica_memory(
+        state,
+        f,
+        demand,
+        now,
+        new_replicas,
+        windows=(up_since, up_target, down_since, down_target),
+        proven=(proven_rate, proven_at, floor_since),
+        tpot_pod_p99=tpot_pod_p99,
+    )
+    return _ReplicaStep(new_replicas, desired, why, demand, notes, memory)
 
+
+def _replica_notes(
+    obs: Observation,
+    p: LawParams,
+    desired: int,
+    replicas: int,
+    new_replicas: int,
+    floor: int,
+    proven_rate: float | None,
+) -> list[str]:
+    """What the replica rule's reason adds: the floor that holds a scale-down, the pods still
+    starting that a scale-up counts, the stalled pods that count as none."""
     notes = []
     if desired < replicas <= floor:
         notes.append(
             f"{floor} pod(s) floor: fewer would each serve over {PROBE_GROWTH:g} × the "
             f"{proven_rate:.2f} req/s a pod has served within the SLOs"
         )
-    if new_replicas != replicas:
-        up_since = up_target = down_since = down_target = floor_since = None
     if obs.pending_replicas and new_replicas > replicas:
         notes.append(f"{obs.pending_replicas} pod(s) still starting count as capacity")
     if obs.stalled_replicas:
@@ -805,7 +827,29 @@ def _replica_rule(
             f"{obs.stalled_replicas} pod(s) pending past the pod start {p.pod_start_s:g}s + "
             f"{STALL_MARGIN_S:g}s count as no capacity"
         )
-    memory = replace(
+    return notes
+
+
+def _replica_memory(
+    state: LoopState,
+    f: _Facts,
+    demand: _Demand,
+    now: float,
+    new_replicas: int,
+    *,
+    windows: tuple[float | None, int | None, float | None, int | None],
+    proven: tuple[float | None, float | None, float | None],
+    tpot_pod_p99: float | None,
+) -> LoopState:
+    """The state with the replica rule's memory brought up to this tick: `windows` is
+    (up_since, up_target, down_since, down_target), `proven` (rate, learnt at, floor since);
+    a replica step starts every window, and the floor's hold, afresh."""
+    replicas = f.replicas
+    up_since, up_target, down_since, down_target = windows
+    proven_rate, proven_at, floor_since = proven
+    if new_replicas != replicas:
+        up_since = up_target = down_since = down_target = floor_since = None
+    return replace(
         state,
         replicas=new_replicas,
         up_since=up_since,
@@ -830,7 +874,6 @@ def _replica_rule(
         tpot_futile=f.tpot_futile,
         floor_since=floor_since,
     )
-    return _ReplicaStep(new_replicas, desired, why, demand, notes, memory)
 
 
 def _unattainable(f: _Facts, obs: Observation, p: LawParams) -> str | None:

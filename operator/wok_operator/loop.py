@@ -352,38 +352,26 @@ def _rounded(value: float | None) -> float | None:
     return round(value, 4)
 
 
-def decision_status(
-    decision: Decision,
-    obs: Observation,
-    *,
-    previous_conditions: list[dict[str, Any]] | None,
-    generation: int | None,
-    now: str,
-    metrics_error: str | None = None,
-) -> dict[str, Any]:
-    """The status patch of one tick: the decision with its inputs, and the conditions."""
-    conditions = previous_conditions
+#: One condition a tick sets: its type, status, reason and message.
+TickCondition = tuple[str, bool, str, str]
+
+
+def _pod_conditions(decision: Decision, obs: Observation) -> list[TickCondition]:
+    """Ready, PodsPending and Progressing: how far the pods are from the decided replicas."""
     ready_all = obs.ready_replicas >= max(decision.replicas, 1)
-
-    def put(type_: str, status: bool, reason: str, message: str = "") -> None:
-        nonlocal conditions
-        conditions = cond.set_condition(
-            conditions, type_, status, reason, message, generation=generation, now=now
-        )
-
     if obs.ready_replicas == 0:
-        put(cond.READY, False, "NoReadyReplicas", "no runtime pod is ready yet")
+        ready = (cond.READY, False, "NoReadyReplicas", "no runtime pod is ready yet")
     elif ready_all:
-        put(cond.READY, True, "ReplicasReady", f"{obs.ready_replicas} replica(s) ready")
+        ready = (cond.READY, True, "ReplicasReady", f"{obs.ready_replicas} replica(s) ready")
     else:
-        put(
+        ready = (
             cond.READY,
             True,
             "PartiallyReady",
             f"{obs.ready_replicas} of {decision.replicas} replica(s) ready",
         )
     if obs.stalled_replicas:
-        put(
+        pending = (
             cond.PODS_PENDING,
             True,
             "PendingPastPodStart",
@@ -391,23 +379,28 @@ def decision_status(
             "as capacity",
         )
     elif obs.pending_replicas:
-        put(cond.PODS_PENDING, True, "PodsStarting", f"{obs.pending_replicas} pod(s) not ready yet")
+        pending = (
+            cond.PODS_PENDING,
+            True,
+            "PodsStarting",
+            f"{obs.pending_replicas} pod(s) not ready yet",
+        )
     else:
-        put(cond.PODS_PENDING, False, "NoPendingPods")
+        pending = (cond.PODS_PENDING, False, "NoPendingPods", "")
     # Progressing follows the pods, not the decision: a batch step lands in one tick, and a
     # condition that was True for the tick of a decision and False at the next wrote status
     # twice per step (0.5 writes per service per minute of a 100-service ramp).
-    put(cond.PROGRESSING, not ready_all, "Stable" if ready_all else "Rollout", decision.reason)
-    if decision.metrics_missing:
-        put(cond.METRICS_UNAVAILABLE, True, "NoData", metrics_error or decision.reason)
-    else:
-        put(cond.METRICS_UNAVAILABLE, False, "MetricsFlowing")
-    put(
-        cond.SLO_BREACHED,
-        decision.slo_breached,
-        "P99AboveTarget" if decision.slo_breached else "P99WithinTarget",
-        _p99_text("P99", obs.p99_ttft_seconds, obs.p99_tpot_seconds, obs.p99_seconds),
+    progressing = (
+        cond.PROGRESSING,
+        not ready_all,
+        "Stable" if ready_all else "Rollout",
+        decision.reason,
     )
+    return [ready, pending, progressing]
+
+
+def _budget_condition(decision: Decision, obs: Observation) -> TickCondition:
+    """ErrorBudgetSpent, with the budget window's P99s and P99.5s in its message."""
     budget_p99 = (obs.budget_p99_ttft_seconds, obs.budget_p99_tpot_seconds, obs.budget_p99_seconds)
     budget_p995 = (
         obs.budget_p995_ttft_seconds,
@@ -420,7 +413,7 @@ def decision_status(
         budget_reason = "HalfTheBudgetNotBack"  # the P99s are within, a P99.5 is not yet
     else:
         budget_reason = "BudgetWindowP99AboveTarget"
-    put(
+    return (
         cond.ERROR_BUDGET_SPENT,
         decision.budget_spent,
         budget_reason,
@@ -433,42 +426,85 @@ def decision_status(
             else f"; replicas sized at utilization {decision.utilization:g}"
         ),
     )
-    put(
+
+
+def _law_conditions(
+    decision: Decision, obs: Observation, metrics_error: str | None
+) -> list[TickCondition]:
+    """MetricsUnavailable, SLOBreached, ErrorBudgetSpent, SLOUnattainable and MemoryBound."""
+    if decision.metrics_missing:
+        metrics = (cond.METRICS_UNAVAILABLE, True, "NoData", metrics_error or decision.reason)
+    else:
+        metrics = (cond.METRICS_UNAVAILABLE, False, "MetricsFlowing", "")
+    slo = (
+        cond.SLO_BREACHED,
+        decision.slo_breached,
+        "P99AboveTarget" if decision.slo_breached else "P99WithinTarget",
+        _p99_text("P99", obs.p99_ttft_seconds, obs.p99_tpot_seconds, obs.p99_seconds),
+    )
+    unattainable = (
         cond.SLO_UNATTAINABLE,
         decision.unattainable is not None,
         "NoBatchMeetsSLO" if decision.unattainable else "SLOAttainable",
         decision.unattainable or "",
     )
-    put(
+    memory = (
         cond.MEMORY_BOUND,
         decision.memory_bound,
         "BatchAtMemoryCap" if decision.memory_bound else "BatchBelowMemoryCap",
+        "",
     )
+    return [metrics, slo, _budget_condition(decision, obs), unattainable, memory]
+
+
+def _decision_inputs(decision: Decision, obs: Observation) -> dict[str, Any]:
+    """What the law saw this tick, rounded for the status."""
+    return {
+        "queuePerReplica": _rounded(obs.queue_per_replica),
+        "runningPerReplica": _rounded(obs.running_per_replica),
+        "p99TtftSeconds": _rounded(obs.p99_ttft_seconds),
+        "p99TpotSeconds": _rounded(obs.p99_tpot_seconds),
+        "p99Seconds": _rounded(obs.p99_seconds),
+        "kvUsage": _rounded(obs.kv_usage),
+        "readyReplicas": obs.ready_replicas,
+        "pendingReplicas": obs.pending_replicas,
+        "reportingReplicas": obs.reporting_replicas,
+        "desiredReplicas": decision.desired_replicas,
+        "utilization": decision.utilization,
+        "budgetP99TtftSeconds": _rounded(obs.budget_p99_ttft_seconds),
+        "budgetP99TpotSeconds": _rounded(obs.budget_p99_tpot_seconds),
+        "budgetP99Seconds": _rounded(obs.budget_p99_seconds),
+        "budgetP995TtftSeconds": _rounded(obs.budget_p995_ttft_seconds),
+        "budgetP995TpotSeconds": _rounded(obs.budget_p995_tpot_seconds),
+        "budgetP995Seconds": _rounded(obs.budget_p995_seconds),
+    }
+
+
+def decision_status(
+    decision: Decision,
+    obs: Observation,
+    *,
+    previous_conditions: list[dict[str, Any]] | None,
+    generation: int | None,
+    now: str,
+    metrics_error: str | None = None,
+) -> dict[str, Any]:
+    """The status patch of one tick: the decision with its inputs, and the conditions."""
+    conditions = previous_conditions
+    for type_, status, reason, message in (
+        *_pod_conditions(decision, obs),
+        *_law_conditions(decision, obs, metrics_error),
+    ):
+        conditions = cond.set_condition(
+            conditions, type_, status, reason, message, generation=generation, now=now
+        )
     return {
         "batchSize": decision.batch,
         "replicas": decision.replicas,
         "readyReplicas": obs.ready_replicas,
         "lastDecision": {
             "time": now,
-            "inputs": {
-                "queuePerReplica": _rounded(obs.queue_per_replica),
-                "runningPerReplica": _rounded(obs.running_per_replica),
-                "p99TtftSeconds": _rounded(obs.p99_ttft_seconds),
-                "p99TpotSeconds": _rounded(obs.p99_tpot_seconds),
-                "p99Seconds": _rounded(obs.p99_seconds),
-                "kvUsage": _rounded(obs.kv_usage),
-                "readyReplicas": obs.ready_replicas,
-                "pendingReplicas": obs.pending_replicas,
-                "reportingReplicas": obs.reporting_replicas,
-                "desiredReplicas": decision.desired_replicas,
-                "utilization": decision.utilization,
-                "budgetP99TtftSeconds": _rounded(obs.budget_p99_ttft_seconds),
-                "budgetP99TpotSeconds": _rounded(obs.budget_p99_tpot_seconds),
-                "budgetP99Seconds": _rounded(obs.budget_p99_seconds),
-                "budgetP995TtftSeconds": _rounded(obs.budget_p995_ttft_seconds),
-                "budgetP995TpotSeconds": _rounded(obs.budget_p995_tpot_seconds),
-                "budgetP995Seconds": _rounded(obs.budget_p995_seconds),
-            },
+            "inputs": _decision_inputs(decision, obs),
             "batch": {"from": decision.batch_before, "to": decision.batch},
             "replicas": {"from": decision.replicas_before, "to": decision.replicas},
             "reason": decision.reason,

@@ -122,6 +122,65 @@ def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
     ]
 
 
+def pod_resources(spec: InferenceServiceSpec, budget: MemoryBudget) -> dict[str, Any]:
+    """The runtime container's requests and limits: the spec's CPU and GPUs, the budget's memory."""
+    gpus = str(spec.runtime.gpus_per_pod)
+    memory = mebibytes(pod_memory_bytes(spec, budget))
+    return {
+        "requests": {"cpu": spec.runtime.cpu, "memory": memory, "nvidia.com/gpu": gpus},
+        "limits": {"memory": memory, "nvidia.com/gpu": gpus},
+    }
+
+
+def engine_pod_parts(
+    name: str,
+    spec: InferenceServiceSpec,
+    budget: MemoryBudget,
+    resources: dict[str, Any],
+    engine_batch: int | None,
+) -> dict[str, Any]:
+    """The pod spec's engine-specific fields: wok's runtime, or vLLM's server at `engine_batch`."""
+    if spec.engine != "vllm":
+        return runtime_pod_parts(name, spec, budget, resources)
+    if engine_batch is None:
+        raise ValueError("engine: vllm pods need their --max-num-seqs (engine_batch)")
+    return vllm_pod_parts(
+        spec,
+        max_num_seqs=engine_batch,
+        served_name=served_model_name(spec),
+        resources=resources,
+    )
+
+
+def pod_template(
+    name: str, pod: dict[str, Any], extra_pod_labels: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """The Deployment's pod template: the engine's `pod` parts, scraped by Prometheus, with no
+    service account token or service links, on GPU nodes."""
+    return {
+        "metadata": {
+            "labels": {**common_labels(name), **(extra_pod_labels or {})},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(RUNTIME_PORT),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": {
+            **pod,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": {
+                "fsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+    }
+
+
 def desired_deployment(
     name: str,
     namespace: str,
@@ -134,28 +193,15 @@ def desired_deployment(
 ) -> dict[str, Any]:
     """The runtime Deployment: GPU pods running `wok runtime serve` (or, with `engine: vllm`,
     vLLM's server started with `--max-num-seqs=engine_batch`), probed, locked down."""
-    labels = common_labels(name)
-    gpus = str(spec.runtime.gpus_per_pod)
-    memory = mebibytes(pod_memory_bytes(spec, budget))
-    resources = {
-        "requests": {"cpu": spec.runtime.cpu, "memory": memory, "nvidia.com/gpu": gpus},
-        "limits": {"memory": memory, "nvidia.com/gpu": gpus},
-    }
-    if spec.engine == "vllm":
-        if engine_batch is None:
-            raise ValueError("engine: vllm pods need their --max-num-seqs (engine_batch)")
-        pod = vllm_pod_parts(
-            spec,
-            max_num_seqs=engine_batch,
-            served_name=served_model_name(spec),
-            resources=resources,
-        )
-    else:
-        pod = runtime_pod_parts(name, spec, budget, resources)
+    pod = engine_pod_parts(name, spec, budget, pod_resources(spec, budget), engine_batch)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": runtime_name(name), "namespace": namespace, "labels": labels},
+        "metadata": {
+            "name": runtime_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name),
+        },
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(name)},
@@ -163,37 +209,16 @@ def desired_deployment(
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
-            "template": {
-                "metadata": {
-                    "labels": {**labels, **(extra_pod_labels or {})},
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(RUNTIME_PORT),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {
-                    **pod,
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {
-                        "fsGroup": 1000,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                },
-            },
+            "template": pod_template(name, pod, extra_pod_labels),
         },
     }
 
 
-def runtime_pod_parts(
-    name: str, spec: InferenceServiceSpec, budget: MemoryBudget, resources: dict[str, Any]
-) -> dict[str, Any]:
-    """The pod spec's engine-specific fields for wok's runtime: its container (the batch size
-    from the ConfigMap, the admin token from its Secret), volumes and grace period."""
+def runtime_volumes(
+    name: str, spec: InferenceServiceSpec
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runtime pod's volumes and the container's mounts of them: the admin token, a cache,
+    a small /tmp in memory, shared memory for NCCL's ranks, the model's claim."""
     volumes: list[dict[str, Any]] = [
         {
             "name": "admin-token",
@@ -224,31 +249,36 @@ def runtime_pod_parts(
         mounts.append(
             {"name": "model", "mountPath": spec.model.volume.mount_path, "readOnly": True}
         )
-    probe_port = {"port": "http"}
-    container = {
-        "name": "runtime",
-        "image": spec.runtime.image,
-        "command": ["wok"],
-        "args": runtime_args(spec, budget),
-        "env": [
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {
-                "name": "WOK_MAX_BATCH_SIZE",
-                "valueFrom": {
-                    "configMapKeyRef": {
-                        "name": batching_configmap_name(name),
-                        "key": BATCH_SIZE_KEY,
-                    }
-                },
+    return volumes, mounts
+
+
+def runtime_env(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The runtime container's environment: the pod's IP and the batch size from the ConfigMap
+    (both read by its flags), a cache, a thread count sized to the pod's CPU."""
+    return [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {
+            "name": "WOK_MAX_BATCH_SIZE",
+            "valueFrom": {
+                "configMapKeyRef": {
+                    "name": batching_configmap_name(name),
+                    "key": BATCH_SIZE_KEY,
+                }
             },
-            {"name": "WOK_CACHE_DIR", "value": "/var/cache/wok"},
-            # torch sizes its thread pool from the node's cores, not the pod's CPU: oversubscribed
-            # threads spin-wait on each other.
-            {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.runtime.cpu))},
-            {"name": "HOME", "value": "/tmp"},
-        ],
-        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
-        "resources": resources,
+        },
+        {"name": "WOK_CACHE_DIR", "value": "/var/cache/wok"},
+        # torch sizes its thread pool from the node's cores, not the pod's CPU: oversubscribed
+        # threads spin-wait on each other.
+        {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.runtime.cpu))},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+
+
+def runtime_probes() -> dict[str, Any]:
+    """Readiness from /readyz (a draining pod leaves the Service), liveness and a generous startup
+    allowance (a model loads) from /healthz."""
+    probe_port = {"port": "http"}
+    return {
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **probe_port},
             "periodSeconds": 2,
@@ -264,6 +294,24 @@ def runtime_pod_parts(
             "periodSeconds": 2,
             "failureThreshold": 300,
         },
+    }
+
+
+def runtime_pod_parts(
+    name: str, spec: InferenceServiceSpec, budget: MemoryBudget, resources: dict[str, Any]
+) -> dict[str, Any]:
+    """The pod spec's engine-specific fields for wok's runtime: its container (the batch size
+    from the ConfigMap, the admin token from its Secret), volumes and grace period."""
+    volumes, mounts = runtime_volumes(name, spec)
+    container = {
+        "name": "runtime",
+        "image": spec.runtime.image,
+        "command": ["wok"],
+        "args": runtime_args(spec, budget),
+        "env": runtime_env(name, spec),
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "resources": resources,
+        **runtime_probes(),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,

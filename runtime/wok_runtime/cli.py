@@ -37,7 +37,9 @@ def register(commands: Any) -> None:
 def _register_serve(runtime: Any) -> None:
     p = runtime.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     _add_endpoint_flags(p)
-    _add_engine_flags(p)
+    _add_batching_flags(p)
+    _add_runner_flags(p)
+    _add_sim_flags(p)
     _add_queue_flags(p)
     _add_connection_flags(p)
     p.add_argument(
@@ -65,14 +67,19 @@ def _add_endpoint_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The engine, the model runner and the device: batching, the KV pool, dtype, kernels."""
+def _add_batching_flags(p: argparse.ArgumentParser) -> None:
+    """The engine's batching: its mode, the batch cap, the step's token budget, the online
+    queue's bound and timeout."""
     p.add_argument("--mode", choices=("continuous", "static", "serial"), default="continuous")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=int, default=0)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-queue", type=int, default=256)
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait")
+
+
+def _add_runner_flags(p: argparse.ArgumentParser) -> None:
+    """The model runner and its device: context length, the KV pool, GPUs, dtype, kernels."""
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
@@ -119,6 +126,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="CUDA: replay decode steps from graphs captured for batch sizes up to "
         "--max-batch-size (eager where capture fails)",
     )
+
+
+def _add_sim_flags(p: argparse.ArgumentParser) -> None:
+    """The simulated accelerator (`--device sim`): its step-time profile and load time."""
     p.add_argument("--profile", default=None, help="sim: step-time profile, sim:NAME or a path")
     p.add_argument(
         "--sim-load-seconds",

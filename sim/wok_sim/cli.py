@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from wok_sim import evaluate, plan_cli
 
 if TYPE_CHECKING:
+    from wok_contracts.profile import StepProfile
+    from wok_contracts.traces import TraceRequest
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
     from wok_sim.report import PolicyResult, Slos
@@ -139,6 +141,15 @@ def register(commands: Any) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`wok simulate`'s flags (and `wok demo`'s, which runs it): in its help's order."""
+    add_trace_arguments(parser)
+    add_fleet_arguments(parser)
+    add_policy_arguments(parser)
+    add_output_arguments(parser)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arrivals: the trace, its rate, a spliced length mix, and the part that is scored."""
     parser.add_argument(
         "--trace",
         default=str(DEFAULT_TRACE),
@@ -175,6 +186,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(`wok evaluate` scores from 300 s, so that the autoscalers' warm start and the static "
         "fleets' full start cost nothing)",
     )
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The pods: their start, the SLOs they are held to, their step profile and engine."""
     parser.add_argument("--cold-start", type=float, default=90.0, metavar="S", help="pod start")
     parser.add_argument(
         "--slo-ttft", type=float, default=2.0, metavar="S", help="time to first token"
@@ -199,6 +214,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=128,
         help="vllm pods' batch cap (vLLM's flag; 128 is its CPU server's default)",
     )
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The autoscalers and the world they act in: routing, Prometheus' scrapes, the fleet's
+    ceiling, the pods' prefix cache, the seed of every random draw."""
     parser.add_argument("--policy", default="all", help="all, or NAME[,NAME…] (below)")
     parser.add_argument("--routing", choices=("random", "least-loaded"), default="random")
     parser.add_argument("--scrape-interval", type=float, default=5.0, metavar="S")
@@ -215,6 +235,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="random draws: overlay copies, routing, scrapes"
     )
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the run writes, the simulator's engine and its parallelism."""
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write plots here")
     parser.add_argument(
         "--ticks",
@@ -256,16 +280,34 @@ def _simulate(name: str, index: int) -> PolicyResult:
 
 def run(args: argparse.Namespace) -> int:
     from wok_contracts.profile import load_profile
-    from wok_contracts.traces import load_trace, parse_splice, scale_rate, splice
-    from wok_sim.fleet import FleetConfig
-    from wok_sim.plan import batch_mem_of, warm_start
-    from wok_sim.policies import PolicyContext, load_registry, resolve
-    from wok_sim.report import Slos, table, to_json, write_plots, write_ticks
+    from wok_sim.report import Slos
 
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
     profile = load_profile(args.profile)
     slos = Slos(args.slo_ttft, args.slo_tpot, args.slo_e2e if args.slo_e2e != 0 else None)
+    requests = requests_of(args)
+    config = fleet_config(args, profile)
+    ctx = policy_context(args, profile, slos, requests)
+    results, chosen = simulate_policies(args, ctx, config, slos)
+    first = chosen[0]
+    slowest = max(results.values(), key=lambda r: r.wall_seconds)
+    print(
+        f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
+        f"{profile.max_model_len}), profile {profile.name}, "
+        f"{len(results)} simulation{'s' * (len(results) != 1)}; the slowest "
+        f"{slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
+        file=sys.stderr,
+    )
+    print_results(args, chosen, slos, requests)
+    return 0
+
+
+def requests_of(args: argparse.Namespace) -> list[TraceRequest]:
+    """The trace's requests at --rate-scale, with --splice's lengths; --score-from is checked
+    against its last arrival."""
+    from wok_contracts.traces import load_trace, parse_splice, scale_rate, splice
+
     requests = load_trace(args.trace, seed=args.seed)
     rate_scale = rate_scale_of(args.trace, args.rate_scale)
     if rate_scale != 1.0:
@@ -278,9 +320,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--score-from must be in [0, {last:g}) s (the last arrival), got {args.score_from:g}"
         )
+    return requests
+
+
+def fleet_config(args: argparse.Namespace, profile: StepProfile) -> FleetConfig:
+    """The simulated fleet's settings from the flags."""
+    from wok_sim.fleet import FleetConfig
+
     if not 0.0 <= args.scrape_failure < 1.0:
         raise ValueError(f"--scrape-failure must be in [0, 1), got {args.scrape_failure}")
-    config = FleetConfig(
+    return FleetConfig(
         profile=profile,
         cold_start_s=args.cold_start,
         routing=args.routing,
@@ -293,7 +342,17 @@ def run(args: argparse.Namespace) -> int:
         vllm_max_num_seqs=args.max_num_seqs if args.engine == "vllm" else None,
         fast=args.sim_engine == "event",
     )
-    ctx = PolicyContext(
+
+
+def policy_context(
+    args: argparse.Namespace, profile: StepProfile, slos: Slos, requests: list[TraceRequest]
+) -> PolicyContext:
+    """What every policy is built from: the profile, the SLOs, the trace, the planner's
+    memory cap and warm start."""
+    from wok_sim.plan import batch_mem_of, warm_start
+    from wok_sim.policies import PolicyContext
+
+    return PolicyContext(
         profile=profile,
         slo_ttft_s=slos.ttft_s,
         slo_tpot_s=slos.tpot_s,
@@ -304,6 +363,15 @@ def run(args: argparse.Namespace) -> int:
         requests=tuple(requests),
         start_replicas=warm_start(profile, requests, slos),
     )
+
+
+def simulate_policies(
+    args: argparse.Namespace, ctx: PolicyContext, config: FleetConfig, slos: Slos
+) -> tuple[dict[tuple[str, int], PolicyResult], list[PolicyResult]]:
+    """Every variant of each --policy simulated (a `SEARCHED` one's by bisection), and each
+    policy's pick among its variants, in --policy's order."""
+    from wok_sim.policies import load_registry, resolve
+
     names = resolve(args.policy)
     registry = load_registry()
     jobs = [
@@ -319,15 +387,18 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         variants = [results[key] for key in sorted(results) if key[0] == name]
         chosen.append(variants[registry[name].pick(variants)])
-    first = chosen[0]
-    slowest = max(results.values(), key=lambda r: r.wall_seconds)
-    print(
-        f"{first.requests} requests ({first.clipped_requests} clipped to max_model_len "
-        f"{profile.max_model_len}), profile {profile.name}, "
-        f"{len(results)} simulation{'s' * (len(results) != 1)}; the slowest "
-        f"{slowest.wall_seconds:.1f} s ({slowest.name}, {slowest.steps:,} steps)",
-        file=sys.stderr,
-    )
+    return results, chosen
+
+
+def print_results(
+    args: argparse.Namespace,
+    chosen: list[PolicyResult],
+    slos: Slos,
+    requests: list[TraceRequest],
+) -> None:
+    """The picks as JSON (--json) or as the headline and a table; plots and ticks if asked."""
+    from wok_sim.report import table, to_json, write_plots, write_ticks
+
     if args.json:
         print(to_json(chosen))
     else:
@@ -343,7 +414,6 @@ def run(args: argparse.Namespace) -> int:
     if args.ticks:
         for path in write_ticks(chosen, args.ticks):
             print(f"ticks: {path}", file=sys.stderr)
-    return 0
 
 
 def _search_fleets(

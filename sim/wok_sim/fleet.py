@@ -236,24 +236,51 @@ class _Fleet:
                 pod.state = "gone"
                 pod.gone_s = min(pod.replica.clock, pod.drain_deadline or math.inf)
 
+    def scrape(self, prom: EmulatedPrometheus, now: float) -> int:
+        """Prometheus scrapes every serving pod, brought up to `now`; drained pods exit. Returns
+        the requests waiting, all pods together."""
+        serving = self.serving()
+        for pod in serving:
+            pod.replica.advance_to(now)
+        prom.scrape(now, (p.replica for p in serving))
+        waiting = sum(p.replica.num_waiting for p in serving)
+        self.reap_drained()
+        return waiting
 
-def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetConfig) -> FleetRun:
-    """Runs `policy` over `requests` (sorted by arrival) and returns every request's outcome."""
-    started = time.perf_counter()
+    def stop(self, final: float) -> None:
+        """The run is over: the serving pods finish what `final` allows, and every pod stops."""
+        for pod in self.live():
+            if pod.state in ("ready", "draining"):
+                pod.replica.advance_to(final)
+            pod.replica.stop(final)
+
+    def gpu_seconds(self, scored_from: float, end: float) -> float:
+        """Pod-seconds from creation to exit, within [scored_from, end]."""
+        return sum(
+            max(
+                0.0,
+                min(p.gone_s if p.gone_s is not None else end, end) - max(p.created_s, scored_from),
+            )
+            for p in self.pods
+        )
+
+
+def _requests_in_run(
+    requests: list[TraceRequest], config: FleetConfig
+) -> tuple[list[TraceRequest], int, float]:
+    """The requests that arrive within the run (each cut to the model's length), how many were
+    cut, and the run's end: its duration, else the last arrival."""
     requests, clipped = clip_to_model(requests, config.profile.max_model_len)
     end = (
         config.duration_s
         if config.duration_s is not None
         else (max((r.arrival_s for r in requests), default=0.0))
     )
-    requests = [r for r in requests if r.arrival_s <= end]
-    rng = random.Random(config.seed)
-    prom = EmulatedPrometheus(
-        windows=(config.slo_window_s,),
-        budget_windows=(config.budget_window_s,),
-        scrape_failure_prob=config.scrape_failure_prob,
-        seed=config.seed + 1,
-    )
+    return [r for r in requests if r.arrival_s <= end], clipped, end
+
+
+def _started_fleet(policy: Policy, config: FleetConfig) -> _Fleet:
+    """The fleet the policy starts with, its pods ready at time 0."""
     fleet = _Fleet(config)
     first = policy.start()
     fleet.batch = max(1, first.batch)
@@ -261,6 +288,48 @@ def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetCo
     fleet.desired = max(0, first.replicas)
     for _ in range(fleet.desired):
         fleet.create(0.0, ready_now=True)
+    return fleet
+
+
+def _control_tick(
+    fleet: _Fleet, prom: EmulatedPrometheus, policy: Policy, now: float, arrival_rate: float
+) -> tuple[Tick, int]:
+    """The policy decides on what Prometheus shows and the fleet applies it. Returns the tick as
+    the timeline records it and the replica count's change (+1, -1, or 0 for none)."""
+    before = fleet.desired
+    view = _view(fleet, prom, now)
+    action = policy.decide(view)
+    fleet.apply(action, now)
+    change = 0 if fleet.desired == before else (1 if fleet.desired > before else -1)
+    s = view.signals
+    tick = Tick(
+        time_s=now,
+        arrival_rate=arrival_rate,
+        desired=fleet.desired,
+        ready=len(fleet.ready()),
+        pending=sum(1 for p in fleet.pods if p.state == "pending"),
+        batch=fleet.batch,
+        waiting=sum(p.replica.num_waiting for p in fleet.serving()),
+        p99_ttft_s=s.p99_ttft_seconds,
+        p99_tpot_s=s.p99_tpot_seconds,
+        p99_e2e_s=s.p99_seconds,
+        reason=action.reason,
+    )
+    return tick, change
+
+
+def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetConfig) -> FleetRun:
+    """Runs `policy` over `requests` (sorted by arrival) and returns every request's outcome."""
+    started = time.perf_counter()
+    requests, clipped, end = _requests_in_run(requests, config)
+    rng = random.Random(config.seed)
+    prom = EmulatedPrometheus(
+        windows=(config.slo_window_s,),
+        budget_windows=(config.budget_window_s,),
+        scrape_failure_prob=config.scrape_failure_prob,
+        seed=config.seed + 1,
+    )
+    fleet = _started_fleet(policy, config)
     refused: list[RequestRecord] = []
     timeline: list[Tick] = []
     changes: list[int] = []  # +1 / -1 per change of the replica count
@@ -284,60 +353,28 @@ def simulate_fleet(requests: list[TraceRequest], policy: Policy, config: FleetCo
             i += 1
             arrivals_since += 1
         elif next_scrape == t:
-            serving = fleet.serving()
-            for pod in serving:
-                pod.replica.advance_to(t)
-            prom.scrape(t, (p.replica for p in serving))
-            max_waiting = max(max_waiting, sum(p.replica.num_waiting for p in serving))
-            fleet.reap_drained()
+            max_waiting = max(max_waiting, fleet.scrape(prom, t))
             next_scrape += config.scrape_interval_s
             if i >= n and t > end and not any(p.replica.has_work() for p in fleet.live()):
                 break
         else:
-            before = fleet.desired
-            view = _view(fleet, prom, t)
-            action = policy.decide(view)
-            fleet.apply(action, t)
-            if fleet.desired != before:
-                changes.append(1 if fleet.desired > before else -1)
-            s = view.signals
-            timeline.append(
-                Tick(
-                    time_s=t,
-                    arrival_rate=arrivals_since / max(t - last_tick, 1e-9),
-                    desired=fleet.desired,
-                    ready=len(fleet.ready()),
-                    pending=sum(1 for p in fleet.pods if p.state == "pending"),
-                    batch=fleet.batch,
-                    waiting=sum(p.replica.num_waiting for p in fleet.serving()),
-                    p99_ttft_s=s.p99_ttft_seconds,
-                    p99_tpot_s=s.p99_tpot_seconds,
-                    p99_e2e_s=s.p99_seconds,
-                    reason=action.reason,
-                )
-            )
+            rate = arrivals_since / max(t - last_tick, 1e-9)
+            tick, change = _control_tick(fleet, prom, policy, t, rate)
+            timeline.append(tick)
+            if change:
+                changes.append(change)
             last_tick, arrivals_since = t, 0
             next_tick += policy.interval_s
-    final = min(t, stop_at)
-    for pod in fleet.live():
-        if pod.state in ("ready", "draining"):
-            pod.replica.advance_to(final)
-        pod.replica.stop(final)
+    fleet.stop(min(t, stop_at))
     scored = config.score_from_s
     records = refused + [r for p in fleet.pods for r in p.replica.records]
-    records = sorted((r for r in records if r.arrival_s >= scored), key=lambda r: r.request_id)
-    gpu = sum(
-        max(0.0, min(p.gone_s if p.gone_s is not None else end, end) - max(p.created_s, scored))
-        for p in fleet.pods
-    )
-    flips = sum(1 for a, b in itertools.pairwise(changes) if a != b)
     return FleetRun(
-        records=records,
+        records=sorted((r for r in records if r.arrival_s >= scored), key=lambda r: r.request_id),
         timeline=timeline,
-        gpu_seconds=gpu,
+        gpu_seconds=fleet.gpu_seconds(scored, end),
         duration_s=end,
         scale_events=len(changes),
-        flips=flips,
+        flips=sum(1 for a, b in itertools.pairwise(changes) if a != b),
         max_waiting=max_waiting,
         clipped_requests=clipped,
         wall_seconds=time.perf_counter() - started,

@@ -308,14 +308,9 @@ class ModelRunner:
         (paged_attention.kernel_for: "auto" is FlashInfer on CUDA where it imports);
         `cuda_graph_max_batch` > 0 captures decode graphs up to that batch (on CUDA)."""
         parallel = parallel or Parallel(0, tensor_parallel_size)
-        torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if torch_device.type == "cuda":
-            require_cuda(torch_device, gpus=parallel.size)
-        torch_dtype = parse_dtype(dtype)
-        if not 0.0 < gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        if max_num_batched_tokens <= 0:
-            raise ValueError("max_num_batched_tokens must be positive")
+        torch_device, torch_dtype = _checked_settings(
+            device, dtype, parallel, gpu_memory_utilization, max_num_batched_tokens
+        )
         path = resolve_source(source)
         workers: list[Any] = []
         if parallel.size > 1:
@@ -348,13 +343,12 @@ class ModelRunner:
             max_num_batched_tokens,
         )
         block_bytes = config.kv_bytes_per_token(torch_dtype.itemsize) * block_size
-        num_blocks = _num_blocks(
-            kv_memory.budget_bytes, block_bytes, block_size, parallel, torch_device
-        )
         runner = cls(
             model,
             tokenizer,
-            num_blocks=num_blocks,
+            num_blocks=_num_blocks(
+                kv_memory.budget_bytes, block_bytes, block_size, parallel, torch_device
+            ),
             block_size=block_size,
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
@@ -362,12 +356,17 @@ class ModelRunner:
             kv_memory=kv_memory,
             workers=workers,
         )
-        runner.use_attention_kernel(attention)
-        if compile:
-            runner.compile()
-        if cuda_graph_max_batch > 0:
-            runner.capture_decode_graphs(cuda_graph_max_batch)
+        runner.prepare_steps(attention, compile=compile, cuda_graph_max_batch=cuda_graph_max_batch)
         return runner
+
+    def prepare_steps(self, attention: str, *, compile: bool, cuda_graph_max_batch: int) -> None:
+        """Readies the steps before the first request: the attention kernel, then, if asked, the
+        compiled step and the captured decode graphs."""
+        self.use_attention_kernel(attention)
+        if compile:
+            self.compile()
+        if cuda_graph_max_batch > 0:
+            self.capture_decode_graphs(cuda_graph_max_batch)
 
     def compile(self) -> bool:
         """Compiles the whole step into one graph (step_graph.py) and runs one step, so that no
@@ -479,7 +478,6 @@ class ModelRunner:
     def _plan(self, inputs: list[StepInput]) -> _StepPlan:
         """Packs the step (single-token inputs first, so decode rows are one slice) and computes
         every index the layers need, on the host, then moves it to the device in one go."""
-        bs = self.block_size
         # Decode inputs sorted by length, so that groups of similar length are row slices.
         decode = sorted(
             (i for i, x in enumerate(inputs) if len(x.token_ids) == 1),
@@ -487,6 +485,24 @@ class ModelRunner:
         )
         prefill = [i for i, x in enumerate(inputs) if len(x.token_ids) != 1]
         order = decode + prefill
+        plan = self._packed(inputs, order)
+        if self.paged_kernel is not None:  # it needs none of the groups below
+            plan.kernel = self.paged_kernel
+            plan.paged = paged_batch(
+                [len(inputs[i].token_ids) for i in order],
+                [inputs[i].start_pos + len(inputs[i].token_ids) for i in order],
+                [inputs[i].block_table for i in order],
+                self.block_size,
+            )
+            return plan
+        plan.decodes.extend(self._decode_groups(inputs, decode))
+        plan.prefills.extend(self._prefills(inputs, prefill, first_row=len(decode)))
+        return plan
+
+    def _packed(self, inputs: list[StepInput], order: list[int]) -> _StepPlan:
+        """The plan's packed rows, in `order`: each token's id, position and KV slot, and each
+        input's last row; every input checked, and the step's tokens against the budget."""
+        bs = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -505,28 +521,25 @@ class ModelRunner:
                 f"{len(token_ids)} tokens exceed max_num_batched_tokens "
                 f"({self.max_num_batched_tokens})"
             )
-
         to = self._to_device
-        plan = _StepPlan(
+        return _StepPlan(
             input_ids=to(torch.tensor(token_ids)),
             positions=to(torch.tensor(positions)),
             slots=to(torch.tensor(slots)),
             last_rows=to(torch.tensor(last_rows)),
         )
-        if self.paged_kernel is not None:  # it needs none of the groups below
-            plan.kernel = self.paged_kernel
-            plan.paged = paged_batch(
-                [len(inputs[i].token_ids) for i in order],
-                [inputs[i].start_pos + len(inputs[i].token_ids) for i in order],
-                [inputs[i].block_table for i in order],
-                bs,
-            )
-            return plan
+
+    def _decode_groups(self, inputs: list[StepInput], decode: list[int]) -> list[_DecodeGroup]:
+        """The decode rows (`decode`, ascending by length) as groups attended to together: one
+        for the decode kernel, which reads no padding, else groups of similar length for SDPA,
+        each padded to its longest and masked."""
+        bs, to = self.block_size, self._to_device
         lengths = [inputs[i].start_pos + 1 for i in decode]  # ascending
         if self.decode_kernel is not None:  # it reads no padding: one group
             groups = [(0, len(decode))] if decode else []
         else:  # SDPA attends over padded copies: groups of similar length
             groups = _length_groups([-(-n // bs) for n in lengths])
+        decodes = []
         for start, end in groups:
             group = decode[start:end]
             n_blocks = -(-lengths[end - 1] // bs)
@@ -541,13 +554,22 @@ class ModelRunner:
             group_lengths = None
             if self.decode_kernel is not None:
                 group_lengths = to(torch.tensor(lengths[start:end]))
-            plan.decodes.append(_DecodeGroup(start, end, blocks, mask, group_lengths))
-        row = len(decode)
+            decodes.append(_DecodeGroup(start, end, blocks, mask, group_lengths))
+        return decodes
+
+    def _prefills(
+        self, inputs: list[StepInput], prefill: list[int], *, first_row: int
+    ) -> list[_Prefill]:
+        """The multi-token inputs' rows from `first_row` on, each with the blocks and the causal
+        mask of the prefix it attends to (none from position 0)."""
+        bs, to = self.block_size, self._to_device
+        prefills = []
+        row = first_row
         for i in prefill:
             x = inputs[i]
             n, start = len(x.token_ids), x.start_pos
             if start == 0:
-                plan.prefills.append(_Prefill(row, row + n, None, None))
+                prefills.append(_Prefill(row, row + n, None, None))
             else:
                 n_blocks = -(-(start + n) // bs)
                 blocks = torch.tensor(x.block_table[:n_blocks])
@@ -555,9 +577,9 @@ class ModelRunner:
                 mask = (
                     torch.arange(n_blocks * bs)[None, :] <= torch.arange(start, start + n)[:, None]
                 )
-                plan.prefills.append(_Prefill(row, row + n, to(blocks), to(self._additive(mask))))
+                prefills.append(_Prefill(row, row + n, to(blocks), to(self._additive(mask))))
             row += n
-        return plan
+        return prefills
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """A bool mask (True: may attend) as the float one SDPA adds to the scores, made once a
@@ -642,6 +664,26 @@ def _length_groups(n_blocks: list[int]) -> list[tuple[int, int]]:
         groups.append((starts[cut[j]], starts[j]))
         j = cut[j]
     return groups[::-1]
+
+
+def _checked_settings(
+    device: str | None,
+    dtype: str,
+    parallel: Parallel,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+) -> tuple[torch.device, torch.dtype]:
+    """The runner's device (CUDA where there is one, unless named) and dtype, once the device
+    has the GPUs the group needs and the memory fraction and token budget are in range."""
+    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if torch_device.type == "cuda":
+        require_cuda(torch_device, gpus=parallel.size)
+    torch_dtype = parse_dtype(dtype)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError("gpu_memory_utilization must be in (0, 1]")
+    if max_num_batched_tokens <= 0:
+        raise ValueError("max_num_batched_tokens must be positive")
+    return torch_device, torch_dtype
 
 
 def _join_tensor_parallel(

@@ -48,7 +48,14 @@ import httpx
 
 from wok_contracts.profile import StepProfile
 from wok_runtime.tools.bench_http import RequestResult, RequestSpec, check_loopback, send_completion
-from wok_runtime.tools.profiler import StepSample, fit_record, fit_step_costs
+from wok_runtime.tools.profiler import (
+    Grid,
+    StepFit,
+    StepSample,
+    fit_record,
+    fit_step_costs,
+    grid_flags,
+)
 
 HTTP_DECODES, HTTP_CONTEXTS, HTTP_PREFILLS = (1, 4, 16), (64, 256), (0, 32, 128)
 QUICK_HTTP_DECODES, QUICK_HTTP_CONTEXTS, QUICK_HTTP_PREFILLS = (1, 4), (32,), (0, 32)
@@ -346,35 +353,22 @@ async def measure_server(
     return facts, samples, lone
 
 
-def profile_over_http(args: argparse.Namespace) -> StepProfile:
-    from wok_runtime.tools.profiler import parse_ints
-
-    url = check_loopback(args.url)
+def http_grid(args: argparse.Namespace) -> tuple[Grid, Grid, Grid]:
+    """(decodes, contexts, prefills) to time over HTTP: each flag's, else the (--quick) grid's.
+    Every shape decodes: a step is seen only in a decoding stream."""
+    decodes, contexts, prefills = grid_flags(args)
     quick = args.quick
-    decodes = parse_ints(args.decodes, "--decodes") if args.decodes else None
-    contexts = parse_ints(args.contexts, "--contexts") if args.contexts else None
-    prefills = parse_ints(args.prefill, "--prefill") if args.prefill else None
     decodes = decodes or (QUICK_HTTP_DECODES if quick else HTTP_DECODES)
     contexts = contexts or (QUICK_HTTP_CONTEXTS if quick else HTTP_CONTEXTS)
     prefills = prefills or (QUICK_HTTP_PREFILLS if quick else HTTP_PREFILLS)
     if min(decodes) < 1:
         raise ValueError("--decodes over HTTP must be >= 1: a step is seen in a decoding stream")
-    injections = 2 if quick else max(1, args.repeats)
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
-    facts, samples, lone = asyncio.run(
-        measure_server(
-            url,
-            decodes=decodes,
-            contexts=contexts,
-            prefills=prefills,
-            injections=injections,
-            seed=args.seed,
-        )
-    )
-    fit = fit_step_costs(samples)
-    prompt = min(OVERHEAD_PROMPT, (facts.max_model_len or 2048) // 2)
-    overhead = request_overhead(lone, fit.step_seconds(0, prompt, prompt))
+    return decodes, contexts, prefills
+
+
+def server_limits(args: argparse.Namespace, facts: ServerFacts, url: str) -> tuple[int, int, int]:
+    """(step token budget, KV capacity in tokens, max_model_len): the flags', else the server's;
+    a ValueError names the flags to pass for what the server does not say."""
     budget = args.max_num_batched_tokens_http or facts.max_num_batched_tokens
     kv_tokens = args.kv_capacity_tokens or facts.kv_capacity_tokens
     max_model_len = args.max_model_len or facts.max_model_len
@@ -392,6 +386,41 @@ def profile_over_http(args: argparse.Namespace) -> StepProfile:
             f"the server at {url} does not say its {', '.join(missing)}; pass them as flags"
         )
     assert budget and kv_tokens and max_model_len
+    return budget, kv_tokens, max_model_len
+
+
+def http_notes(command: str, facts: ServerFacts, overhead: float, fit: StepFit) -> str:
+    """The profile's notes: what a step's time over HTTP holds, and how well the fit explains it."""
+    return (
+        f"Measured by `{command}` ({facts.engine} serving {facts.model}): each step's wall "
+        "time is a gap between the tokens a decoding stream received, so the server's own "
+        "time between its steps is in the costs; request_overhead_s is a lone request's "
+        f"end-to-end time less its steps ({overhead * 1e3:.1f} ms). Fit: "
+        f"R² {fit.r2:.4f}, median |relative error| {fit.median_abs_rel_error:.1%}, max "
+        f"{fit.max_abs_rel_error:.1%}. load_seconds is the flag's, not measured."
+    )
+
+
+def profile_over_http(args: argparse.Namespace) -> StepProfile:
+    url = check_loopback(args.url)
+    decodes, contexts, prefills = http_grid(args)
+    injections = 2 if args.quick else max(1, args.repeats)
+    started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    facts, samples, lone = asyncio.run(
+        measure_server(
+            url,
+            decodes=decodes,
+            contexts=contexts,
+            prefills=prefills,
+            injections=injections,
+            seed=args.seed,
+        )
+    )
+    fit = fit_step_costs(samples)
+    prompt = min(OVERHEAD_PROMPT, (facts.max_model_len or 2048) // 2)
+    overhead = request_overhead(lone, fit.step_seconds(0, prompt, prompt))
+    budget, kv_tokens, max_model_len = server_limits(args, facts, url)
     command = "wok profile --url " + url
     record = fit_record(
         samples,
@@ -423,13 +452,6 @@ def profile_over_http(args: argparse.Namespace) -> StepProfile:
         max_model_len=max_model_len,
         load_seconds=args.load_seconds,
         request_overhead_s=overhead,
-        notes=(
-            f"Measured by `{command}` ({facts.engine} serving {facts.model}): each step's wall "
-            "time is a gap between the tokens a decoding stream received, so the server's own "
-            "time between its steps is in the costs; request_overhead_s is a lone request's "
-            f"end-to-end time less its steps ({overhead * 1e3:.1f} ms). Fit: "
-            f"R² {fit.r2:.4f}, median |relative error| {fit.median_abs_rel_error:.1%}, max "
-            f"{fit.max_abs_rel_error:.1%}. load_seconds is the flag's, not measured."
-        ),
+        notes=http_notes(command, facts, overhead, fit),
         fit=record,
     )

@@ -41,7 +41,7 @@ from wok_contracts.profile import StepCosts, StepProfile
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.core.engine import LLMEngine
-    from wok_runtime.core.model_runner import StepInput
+    from wok_runtime.core.model_runner import ModelRunner, StepInput
 
 DEFAULT_DECODES = (0, 1, 4, 16, 64)
 DEFAULT_CONTEXTS = (128, 512, 1024, 2048)
@@ -482,48 +482,82 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_from_args(args: argparse.Namespace) -> StepProfile:
-    from wok_runtime.core.engine import EngineConfig, LLMEngine
-    from wok_runtime.core.loader import resolve_source
-    from wok_runtime.core.model_config import ModelConfig
-    from wok_runtime.core.model_runner import ModelRunner
-    from wok_runtime.http.serve import _default_dtype
-    from wok_runtime.tools.bench_engine import default_kv_cache_bytes
+Grid = tuple[int, ...]
 
+
+def grid_flags(args: argparse.Namespace) -> tuple[Grid | None, Grid | None, Grid | None]:
+    """The --decodes, --contexts and --prefill grids as given (None for a flag not given)."""
     decodes = parse_ints(args.decodes, "--decodes") if args.decodes else None
     contexts = parse_ints(args.contexts, "--contexts") if args.contexts else None
     prefills = parse_ints(args.prefill, "--prefill") if args.prefill else None
+    return decodes, contexts, prefills
+
+
+def requested_grid(args: argparse.Namespace) -> tuple[Grid, Grid, Grid]:
+    """(decodes, contexts, prefills) to time: each flag's, else the --quick grid's, else the
+    default's."""
+    decodes, contexts, prefills = grid_flags(args)
     if args.quick:
         decodes = decodes or QUICK_DECODES
         contexts, prefills = contexts or QUICK_CONTEXTS, prefills or QUICK_PREFILLS
     decodes, contexts = decodes or DEFAULT_DECODES, contexts or DEFAULT_CONTEXTS
-    prefills = prefills or DEFAULT_PREFILLS
+    return decodes, contexts, prefills or DEFAULT_PREFILLS
+
+
+def timed_passes(args: argparse.Namespace) -> int:
+    """The passes over the grid (2 with --quick), once --repeats and --warmup are checked."""
     repeats = 2 if args.quick else args.repeats
     if repeats < 1 or args.warmup < 0:
         raise ValueError("--repeats must be >= 1 and --warmup >= 0")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError("--threads must be >= 1")
-        _set_torch_threads(args.threads)
-    path = resolve_source(args.model)  # a built-in model is generated here, outside the timing
+    return repeats
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """What the profiled engine runs with: the flags', else the model's and the device's."""
+
+    device: str
+    dtype: str
+    max_model_len: int
+    kv_cache_bytes: int | None  # None: sized from free memory (CUDA)
+
+
+def engine_choice(args: argparse.Namespace, *, max_decodes: int) -> EngineChoice:
+    """The device, dtype, context length and KV pool; a built-in model is generated here,
+    outside the timing. On CPU the pool holds the largest decode batch at full length."""
+    from wok_runtime.core.loader import resolve_source
+    from wok_runtime.core.model_config import ModelConfig
+    from wok_runtime.http.serve import _default_dtype
+    from wok_runtime.tools.bench_engine import default_kv_cache_bytes
+
+    path = resolve_source(args.model)
     model_max = ModelConfig.from_file(path / "config.json").max_position_embeddings
     max_model_len = args.max_model_len or model_max
-    contexts = tuple(c for c in contexts if c <= max_model_len) or (max_model_len,)
     device = args.device or ("cuda" if _cuda_available() else "cpu")
     dtype = args.dtype or _default_dtype(device)
     kv_bytes = args.kv_cache_bytes
     if kv_bytes is None and device == "cpu":
         kv_bytes = default_kv_cache_bytes(
-            args.model, dtype=dtype, max_batch_size=max(decodes), max_model_len=max_model_len
+            args.model, dtype=dtype, max_batch_size=max_decodes, max_model_len=max_model_len
         )
+    return EngineChoice(device, dtype, max_model_len, kv_bytes)
 
+
+def load_engine(
+    args: argparse.Namespace, choice: EngineChoice
+) -> tuple[ModelRunner, LLMEngine, float]:
+    """The runner and engine, and their load time: until their first step has run."""
+    from wok_runtime.core.engine import EngineConfig, LLMEngine
+    from wok_runtime.core.model_runner import ModelRunner
+
+    max_model_len = choice.max_model_len
     load_started = time.perf_counter()
     runner = ModelRunner.from_source(
         args.model,
-        dtype=dtype,
-        device=device,
+        dtype=choice.dtype,
+        device=choice.device,
         block_size=args.block_size,
-        kv_cache_bytes=kv_bytes,
+        kv_cache_bytes=choice.kv_cache_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=max_model_len,
@@ -538,22 +572,22 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
     first = StepShape(decodes=0, context=0, prefill=min(16, max_model_len))
     inputs = step_inputs(first, block_size=runner.block_size, max_model_len=max_model_len)
     time_step(engine, inputs, warmup=0, repeats=1, min_seconds=0)  # ready = the first step has run
-    load_seconds = time.perf_counter() - load_started
+    return runner, engine, time.perf_counter() - load_started
 
-    shapes, skipped = grid_shapes(
-        decodes,
-        contexts,
-        prefills,
-        max_model_len=max_model_len,
-        token_budget=engine.max_num_batched_tokens,
-        kv_blocks=runner.num_blocks,
-        block_size=runner.block_size,
-    )
-    if len(shapes) < 4:
-        raise ValueError(f"the grid leaves {len(shapes)} step shapes that fit; 4 are needed")
-    clock, clock_name = pick_clock(
-        args.clock, device_type=runner.device.type, threads=_torch_threads()
-    )
+
+def measure_and_fit(
+    args: argparse.Namespace,
+    engine: LLMEngine,
+    shapes: list[StepShape],
+    *,
+    skipped: Sequence[StepShape],
+    repeats: int,
+    dtype: str,
+    device_type: str,
+) -> tuple[StepFit, dict[str, Any]]:
+    """Every shape timed (--warmup, then `repeats` passes in random orders), the four costs fitted,
+    and the fit's record with the clock and the machine's load around the measurement."""
+    clock, clock_name = pick_clock(args.clock, device_type=device_type, threads=_torch_threads())
     measure_started = time.monotonic()
     load_before = os.getloadavg()[0]  # what else ran on the machine, for the record
     samples = measure(
@@ -580,6 +614,40 @@ def profile_from_args(args: argparse.Namespace) -> StepProfile:
             "load_average_1m": [load_before, os.getloadavg()[0]],
             "command": _command(),
         },
+    )
+    return fit, record
+
+
+def profile_from_args(args: argparse.Namespace) -> StepProfile:
+    decodes, contexts, prefills = requested_grid(args)
+    repeats = timed_passes(args)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        _set_torch_threads(args.threads)
+    choice = engine_choice(args, max_decodes=max(decodes))
+    max_model_len = choice.max_model_len
+    contexts = tuple(c for c in contexts if c <= max_model_len) or (max_model_len,)
+    runner, engine, load_seconds = load_engine(args, choice)
+    shapes, skipped = grid_shapes(
+        decodes,
+        contexts,
+        prefills,
+        max_model_len=max_model_len,
+        token_budget=engine.max_num_batched_tokens,
+        kv_blocks=runner.num_blocks,
+        block_size=runner.block_size,
+    )
+    if len(shapes) < 4:
+        raise ValueError(f"the grid leaves {len(shapes)} step shapes that fit; 4 are needed")
+    fit, record = measure_and_fit(
+        args,
+        engine,
+        shapes,
+        skipped=skipped,
+        repeats=repeats,
+        dtype=choice.dtype,
+        device_type=runner.device.type,
     )
     device_name = device_label(runner.device.type)
     model_name = args.model.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1]
