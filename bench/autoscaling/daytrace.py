@@ -6,8 +6,8 @@ The conditions are `wok evaluate`'s (`Condition("day", scale, 90 s, loose)`: TTF
 scored from its warm-up, the planner's warm start for the autoscalers, static fleets at full size)
 and so are the frontier and static-peak (`wok_sim.evaluation_analysis`'s pure functions). A day
 is 24 times an hour-long trace's simulations, so this runs a chosen subset of `wok evaluate`'s
-matrix: wok on the seeds asked, the static fleets around the peak at the B the hour-long frontiers chose (32 and
-64) on the first seed and those that make the frontier near wok on every seed (the frontier and
+matrix: wok on the seeds asked, the static fleets around the peak at the B the hour-long
+frontiers chose (32 and 64) on the first seed and those that make the frontier near wok on every seed (the frontier and
 static-peak are means over wok's seeds, as in `wok evaluate`), and the swept baselines' targets
 that came nearest wok on the hour-long traces, on the first seed. It also keeps
 what the summary hides: per hour, the load, the pods and the attainment of wok and static-peak.

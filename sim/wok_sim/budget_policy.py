@@ -9,7 +9,8 @@ the milder rule that never goes below 1024 (one step down). `wok-fixed-budget` i
 same law with the budget pinned at the InferenceService default, the control for the rule:
 both run on the same arrivals, so a difference is what the moving budget buys
 (`bench/autoscaling/step_budget.py`). Neither rule pays on the development conditions
-(docs/control-law.md), so the law leaves the budget alone; these policies keep the measurement repeatable.
+(docs/control-law.md), so the law leaves the budget alone; these policies keep the measurement
+repeatable.
 
 Both set the budget through the fleet's `Action.token_budget`; a pod clamps it to its profile's
 `step_token_budget` (the most the runner sized its activations for), so the rule can only raise
