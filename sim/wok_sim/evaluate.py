@@ -59,8 +59,6 @@ MAIN_POLICIES = ("wok", "wok-frozen-cap", "wok-frozen-plan")  # those registered
 
 
 def register(commands: Any) -> None:
-    from wok_sim.held_out import HELD_OUT_START_S, TRACE_FORMATS
-
     parser = commands.add_parser(
         "evaluate",
         help="every policy over a matrix of traces, rate scales, pod starts, SLOs and seeds, "
@@ -79,6 +77,33 @@ def register(commands: Any) -> None:
         help="the swept rivals run on every condition: NAME[,NAME…] or none (default: all, "
         f"{', '.join(SWEPT_BASELINES)})",
     )
+    add_condition_flags(parser)
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench/autoscaling/results"), metavar="DIR"
+    )
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="no simulation: write the table and plot again from an earlier run's JSON",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations"
+    )
+    parser.add_argument(
+        "--journal",
+        type=Path,
+        metavar="JSONL",
+        help="append each finished simulation here, and skip those already in it: a stopped run "
+        "continues where it stopped (the same code only; the results do not change)",
+    )
+    parser.set_defaults(func=run)
+
+
+def add_condition_flags(parser: Any) -> None:
+    """The flags that pick the matrix's conditions, or a trace file's."""
+    from wok_sim.held_out import HELD_OUT_START_S, TRACE_FORMATS
+
     parser.add_argument("--quick", action="store_true", help="a two-condition matrix (minutes)")
     parser.add_argument(
         "--slo", default=",".join(SLO_SETS), help="the conditions of these SLO sets only"
@@ -119,26 +144,6 @@ def register(commands: Any) -> None:
         metavar="S",
         help="the pod start of a trace file's conditions",
     )
-    parser.add_argument(
-        "--out", type=Path, default=Path("bench/autoscaling/results"), metavar="DIR"
-    )
-    parser.add_argument(
-        "--render",
-        type=Path,
-        metavar="JSON",
-        help="no simulation: write the table and plot again from an earlier run's JSON",
-    )
-    parser.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations"
-    )
-    parser.add_argument(
-        "--journal",
-        type=Path,
-        metavar="JSONL",
-        help="append each finished simulation here, and skip those already in it: a stopped run "
-        "continues where it stopped (the same code only; the results do not change)",
-    )
-    parser.set_defaults(func=run)
 
 
 def report_name(
