@@ -10,7 +10,8 @@ matrix: wok on the seeds asked, the static fleets around the peak at the B the h
 frontiers chose (32 and 64) on the first seed and those that make the frontier near wok on every
 seed (the frontier and static-peak are means over wok's seeds, as in `wok evaluate`), and the
 swept baselines' targets that came nearest wok on the hour-long traces, on the first seed. It
-also keeps what the summary hides: per hour, the load, the pods and the attainment of wok and static-peak.
+also keeps what the summary hides: per hour, the load, the pods and the attainment of wok and
+static-peak.
 
     python bench/autoscaling/daytrace.py --seeds 0,1,2,3,4 --jobs 1  # the jobs not in the JSON
     python bench/autoscaling/daytrace.py --render                    # the table and plot again
