@@ -22,7 +22,8 @@ from wok_cluster.process import command_line
 from wok_cluster.vllm_process import SERVER_MODULE
 from wok_cluster.vllm_venv import vllm_python
 from wok_cluster.waiting import wait_until
-from wok_runtime.tools.bench_http import RequestSpec, run_bench
+from wok_contracts.traces import TraceRequest
+from wok_runtime.tools.bench_http import run_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow(minutes=5)]
 
@@ -60,7 +61,7 @@ def ready(pod: dict) -> bool:
 
 def burst(url: str, stop: threading.Event) -> None:
     """A closed loop of 96 streaming clients (the pod's 32 slots, its queue of 64) until told."""
-    specs = [RequestSpec(0.0, 64, 256) for _ in range(2000)]
+    specs = [TraceRequest(0.0, 64, 256) for _ in range(2000)]
 
     async def run() -> None:
         task = asyncio.create_task(run_bench([url], specs, max_concurrency=96, duration_s=240))

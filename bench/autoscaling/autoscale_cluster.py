@@ -95,7 +95,7 @@ from wok_cluster.kubeapi import KubeApi, KubeError
 from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
 from wok_cluster.waiting import GiveUp, wait_until
-from wok_runtime.tools.bench_http import RequestSpec
+from wok_contracts.traces import TraceRequest
 
 # --- the simulator beside the cluster ----------------------------------------------------------
 
@@ -186,7 +186,7 @@ def run_policy(
     plane: ControlPlane,
     prometheus: Prometheus,
     s: Settings,
-    specs: list[RequestSpec],
+    specs: list[TraceRequest],
     initial: int,
     fixed_batch: int | None,
     run_dir: Path,
@@ -410,7 +410,7 @@ def run_on_cluster(
     args: argparse.Namespace,
     policies: tuple[str, ...],
     settings: Settings,
-    specs: list[RequestSpec],
+    specs: list[TraceRequest],
     initial: int,
     data: dict[str, Any],
     run_dir: Path,
@@ -477,7 +477,7 @@ def run_on_cluster(
 
 
 def write_results(
-    args: argparse.Namespace, data: dict[str, Any], command: str, specs: list[RequestSpec]
+    args: argparse.Namespace, data: dict[str, Any], command: str, specs: list[TraceRequest]
 ) -> None:
     """The results JSON with this invocation's command and notes, the report and the plot."""
     data.setdefault("commands", [])

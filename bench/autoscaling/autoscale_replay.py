@@ -28,7 +28,8 @@ from autoscale_settings import (
 )
 
 from wok_cluster.kubeapi import KubeApi, KubeError
-from wok_runtime.tools.bench_http import RequestResult, RequestSpec, send_completion
+from wok_contracts.traces import TraceRequest
+from wok_runtime.tools.bench_http import RequestResult, send_completion
 from wok_sim.report import Slos, attainment, p99, slo_hits
 
 
@@ -119,13 +120,13 @@ def _retryable(result: RequestResult) -> bool:
 
 
 async def replay(
-    fleet: Fleet, specs: list[RequestSpec], seed: int, tag: str
+    fleet: Fleet, specs: list[TraceRequest], seed: int, tag: str
 ) -> tuple[list[RequestResult], float]:
     """Sends every request at its arrival; latencies count from the arrival (a wait for a ready
     pod or a retry is the user's wait too). Returns the results and the replay's seconds."""
     limits = httpx.Limits(max_connections=4000, max_keepalive_connections=400)
     rng = random.Random(seed)
-    results = [RequestResult(expected_tokens=s.output_len) for s in specs]
+    results = [RequestResult(expected_tokens=s.output_tokens) for s in specs]
     started = time.perf_counter()
     done = 0
 
@@ -148,10 +149,10 @@ async def replay(
                 )
             await asyncio.sleep(SAMPLE_S)
 
-    async def send(i: int, spec: RequestSpec, client: httpx.AsyncClient) -> None:
+    async def send(i: int, spec: TraceRequest, client: httpx.AsyncClient) -> None:
         nonlocal done
-        await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - started)))
-        result = RequestResult(expected_tokens=spec.output_len, error="no ready pod")
+        await asyncio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - started)))
+        result = RequestResult(expected_tokens=spec.output_tokens, error="no ready pod")
         attempts = 0
         tried: set[str] = set()
         for _ in range(3):
@@ -161,7 +162,7 @@ async def replay(
                 continue
             tried.add(ip)
             fleet.outstanding[ip] = fleet.outstanding.get(ip, 0) + 1
-            late = time.perf_counter() - started - spec.send_at
+            late = time.perf_counter() - started - spec.arrival_s
             if not attempts:  # how late the client itself was (a starved event loop)
                 fleet.send_late.append(late)
             attempts += 1

@@ -16,7 +16,7 @@ from autoscale_settings import (
     Settings,
 )
 
-from wok_runtime.tools.bench_http import RequestSpec
+from wok_contracts.traces import TraceRequest
 from wok_sim.baselines import WAITING_TARGET
 
 
@@ -199,7 +199,7 @@ def runs_table(runs: dict[str, dict], ordered: list[str]) -> list[str]:
     return lines
 
 
-def plot(data: dict[str, Any], specs: list[RequestSpec] | None, path: Path) -> None:
+def plot(data: dict[str, Any], specs: list[TraceRequest] | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,7 +208,7 @@ def plot(data: dict[str, Any], specs: list[RequestSpec] | None, path: Path) -> N
     runs = data.get("runs", {})
     fig, (ax_l, ax_r, ax_b) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     if specs:
-        minutes = Counter(int(sp.send_at // 60) for sp in specs)
+        minutes = Counter(int(sp.arrival_s // 60) for sp in specs)
         xs = sorted(minutes)
         ax_l.step([x for x in xs], [minutes[x] / 60 for x in xs], where="post", color="gray")
     ax_l.set_ylabel("arrivals / s (per minute)")

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wok_contracts.traces import TraceRequest, load_trace, scale_rate
-from wok_runtime.tools.bench_http import RequestSpec
 from wok_sim.report import Slos
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,10 +90,9 @@ def start_replicas(s: Settings, requests: list[TraceRequest]) -> int:
     return warm_start(load_profile(s.profile), requests, slos)
 
 
-def request_specs(s: Settings, requests: list[TraceRequest]) -> list[RequestSpec]:
+def request_specs(s: Settings, requests: list[TraceRequest]) -> list[TraceRequest]:
     """What the client sends: lengths clipped as the simulator and the runtime clip them."""
     from wok_contracts.profile import load_profile
     from wok_contracts.traces import clip_to_model
 
-    clipped, _ = clip_to_model(requests, load_profile(s.profile).max_model_len)
-    return [RequestSpec(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in clipped]
+    return clip_to_model(requests, load_profile(s.profile).max_model_len)[0]

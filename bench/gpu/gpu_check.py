@@ -473,19 +473,21 @@ def greedy_equality(runner: Any, hf: Any, sizes: Sizes, *, seed: int) -> dict:
     from engine_vs_hf import wok_run
     from hf_reference import hf_static_generate
 
-    from wok_runtime.tools.bench_engine import synthetic_workload
+    from wok_contracts.traces import uniform_poisson
+    from wok_runtime.tools.bench_engine import prompt_token_ids
 
-    reqs = synthetic_workload(
-        num_requests=sizes.equality_prompts,
-        input_len=(16, 64),
-        output_len=(sizes.equality_output_len, sizes.equality_output_len),
-        request_rate=math.inf,
-        vocab_size=runner.config.vocab_size,
+    output_len = sizes.equality_output_len
+    reqs = uniform_poisson(
+        sizes.equality_prompts,
+        rate=math.inf,
+        prompt_tokens=(16, 64),
+        output_tokens=(output_len, output_len),
         seed=seed + 2,
     )
-    prompts, wants = [r.prompt_token_ids for r in reqs], [r.max_tokens for r in reqs]
+    prompts = prompt_token_ids(reqs, vocab_size=runner.config.vocab_size, seed=seed + 2)
+    wants = [r.output_tokens for r in reqs]
     wok_tokens: dict[int, list[int]] = {}
-    wok_run(runner, reqs, mode="continuous", batch=len(reqs), tokens=wok_tokens)
+    wok_run(runner, reqs, prompts, mode="continuous", batch=len(reqs), tokens=wok_tokens)
     reference = hf_static_generate(hf, prompts, wants, batch_size=1)
     divergences = []
     for i, expected in enumerate(reference.outputs):

@@ -26,7 +26,7 @@ from runtime_vs_vllm import (
     wok_vs_vllm_rows,
 )
 
-from wok_runtime.tools.bench_http import RequestSpec
+from wok_contracts.traces import TraceRequest
 
 PROMPT_LEN, OUTPUT_LEN = 128, 64
 MAX_MODEL_LEN = 1024
@@ -45,7 +45,7 @@ FULL = ServeSizes({1: 8, 8: 48, 64: 192}, 3, 16 << 30, 0.45)
 
 def loads(sizes: ServeSizes) -> list[Load]:
     return [
-        Load(f"closed-{c}", [RequestSpec(0.0, PROMPT_LEN, OUTPUT_LEN)] * n, c)
+        Load(f"closed-{c}", [TraceRequest(0.0, PROMPT_LEN, OUTPUT_LEN)] * n, c)
         for c, n in sizes.requests.items()
     ]
 

@@ -75,9 +75,10 @@ from wok_cluster.kubeapi import KubeApi  # noqa: E402
 from wok_cluster.process import RUN_MARKER, processes_marked  # noqa: E402
 from wok_cluster.prometheus import Prometheus  # noqa: E402
 from wok_cluster.waiting import GiveUp, wait_until  # noqa: E402
+from wok_contracts.traces import TraceRequest  # noqa: E402
 from wok_operator.resources import RUNTIME_PORT, SERVICE_LABEL  # noqa: E402
 from wok_operator.signals import round_queries  # noqa: E402
-from wok_runtime.tools.bench_http import RequestSpec, send_completion  # noqa: E402
+from wok_runtime.tools.bench_http import send_completion  # noqa: E402
 from wok_sim.prometheus import histogram_quantile  # noqa: E402
 
 ROOT = BENCH.parents[1]
@@ -266,7 +267,7 @@ class Trickle:
 
             async def one(ip: str) -> None:
                 async with gate:
-                    spec = RequestSpec(0.0, self.prompt_len, self.output_len)
+                    spec = TraceRequest(0.0, self.prompt_len, self.output_len)
                     url = f"http://{ip}:{RUNTIME_PORT}"
                     result = await send_completion(client, url, MODEL, spec, rng)
                 if result.ok:

@@ -43,13 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_device import Server  # its /metrics counters and stop()
 
-from wok_runtime.tools.bench_http import (
-    PROMPT_TOKEN_RANGE,
-    RequestResult,
-    RequestSpec,
-    poisson_specs,
-    summarize,
-)
+from wok_contracts.traces import TraceRequest, uniform_poisson
+from wok_runtime.tools.bench_http import PROMPT_TOKEN_RANGE, RequestResult, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bench"  # the served model name on both devices
@@ -161,11 +156,11 @@ class ClosedLoop:
 
 
 async def _open_loop(
-    url: str, specs: list[RequestSpec], *, seed: int, progress: bool
+    url: str, specs: list[TraceRequest], *, seed: int, progress: bool
 ) -> tuple[list[RequestResult], float]:
     """The online load: each request sent at its time, whatever the others do."""
     rng = random.Random(seed)
-    bodies = [_body(s.prompt_len, s.output_len, rng) for s in specs]
+    bodies = [_body(s.prompt_tokens, s.output_tokens, rng) for s in specs]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -175,8 +170,8 @@ async def _open_loop(
     async with httpx.AsyncClient(limits=limits, timeout=600) as http:
         start = time.perf_counter()
 
-        async def send(spec: RequestSpec, body: dict[str, Any]) -> RequestResult:
-            await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - start)))
+        async def send(spec: TraceRequest, body: dict[str, Any]) -> RequestResult:
+            await asyncio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - start)))
             result = await _post(http, url, body)
             if bar is not None:
                 bar.update(1)
@@ -212,8 +207,12 @@ def online_phase(
 ) -> dict[str, Any]:
     """The online load (and, with `backlog`, the batch clients around it)."""
     n = max(1, round(rate * args.seconds))
-    specs = poisson_specs(
-        n, rate=rate, prompt_len=args.online_prompt, output_len=args.online_output, seed=args.seed
+    specs = uniform_poisson(
+        n,
+        rate=rate,
+        prompt_tokens=(args.online_prompt, args.online_prompt),
+        output_tokens=(args.online_output, args.online_output),
+        seed=args.seed,
     )
 
     async def main() -> tuple[list[RequestResult], float, dict, dict, dict[int, int]]:

@@ -42,14 +42,14 @@ from hf_reference import (
     load_hf_model,
 )
 
+from wok_contracts.traces import TraceRequest, uniform_poisson
 from wok_runtime.core.engine import EngineConfig
 from wok_runtime.core.model_runner import ModelRunner
 from wok_runtime.tools.bench_engine import (
-    BenchRequest,
     format_table,
     percentile,
+    prompt_token_ids,
     run_engine_bench,
-    synthetic_workload,
     trace_workload,
 )
 
@@ -87,7 +87,13 @@ def agreement(wok: dict[int, list[int]], hf: list[list[int]]) -> float:
 
 
 def wok_run(
-    runner: ModelRunner, reqs: list[BenchRequest], *, mode: str, batch: int, tokens: dict | None
+    runner: ModelRunner,
+    reqs: list[TraceRequest],
+    prompts: list[list[int]],
+    *,
+    mode: str,
+    batch: int,
+    tokens: dict | None,
 ) -> dict[str, Any]:
     config = EngineConfig(
         mode=mode,  # type: ignore[arg-type]
@@ -98,7 +104,7 @@ def wok_run(
         queue_timeout_s=1e9,
         max_model_len=MAX_MODEL_LEN,
     )
-    result = run_engine_bench(runner, config, reqs, progress=True, tokens=tokens)
+    result = run_engine_bench(runner, config, reqs, prompts, progress=True, tokens=tokens)
     result["mode"] = f"wok-{mode}"
     return result
 
@@ -109,7 +115,8 @@ class Scenario:
 
     key: str
     workload: str  # what the report says it is
-    requests: list[BenchRequest]
+    requests: list[TraceRequest]
+    prompts: list[list[int]]  # the requests' prompt token ids, the same for wok and HF
     batch: int
     baseline: str  # "hf-static": HF generate in static batches of `batch`; "wok-serial"
     target: str
@@ -128,56 +135,59 @@ def build_scenarios(
     """The workloads (a), (b), (c) of the module docstring, those in `names` ("a", "b", "c")."""
     out = []
     if "a" in names:
-        reqs = synthetic_workload(
-            num_requests=num_requests,
-            input_len=(16, 64),
-            output_len=(8, 128),
-            request_rate=math.inf,
-            vocab_size=vocab,
+        reqs = uniform_poisson(
+            num_requests,
+            rate=math.inf,
+            prompt_tokens=(16, 64),
+            output_tokens=(8, 128),
             seed=seed,
         )
         workload = (
             f"{len(reqs)} requests, prompts 16-64, outputs 8-128 tokens, all at once, 16 slots"
         )
+        prompts = prompt_token_ids(reqs, vocab_size=vocab, seed=seed)
         out.append(
             Scenario(
                 "a_mixed_lengths",
                 workload,
                 reqs,
+                prompts,
                 16,
                 "hf-static",
                 ">= 2x HF generate static batches",
             )
         )
     if "b" in names:
-        reqs = synthetic_workload(
-            num_requests=32,
-            input_len=(32, 32),
-            output_len=(equal_output_len, equal_output_len),
-            request_rate=math.inf,
-            vocab_size=vocab,
+        reqs = uniform_poisson(
+            32,
+            rate=math.inf,
+            prompt_tokens=(32, 32),
+            output_tokens=(equal_output_len, equal_output_len),
             seed=seed + 1,
         )
         workload = f"32 requests, 32 prompt + {equal_output_len} output tokens each, batch 32"
+        prompts = prompt_token_ids(reqs, vocab_size=vocab, seed=seed + 1)
         out.append(
-            Scenario("b_equal_lengths", workload, reqs, 32, "hf-static", ">= 1x HF generate")
+            Scenario(
+                "b_equal_lengths", workload, reqs, prompts, 32, "hf-static", ">= 1x HF generate"
+            )
         )
     if "c" in names:
         reqs = trace_workload(
-            trace,
-            num_requests=trace_requests,
-            max_model_len=MAX_MODEL_LEN,
-            speedup=math.inf,
-            vocab_size=vocab,
-            seed=seed,
+            trace, num_requests=trace_requests, max_model_len=MAX_MODEL_LEN, speedup=math.inf
         )
         workload = (
             f"first {len(reqs)} requests of the Azure 2023 code trace, prompts scaled so the "
             f"longest is {MAX_MODEL_LEN // 2} tokens, outputs kept (clipped to fit), all at "
-            f"once; mean prompt {sum(len(r.prompt_token_ids) for r in reqs) / len(reqs):.0f}, "
-            f"mean output {sum(r.max_tokens for r in reqs) / len(reqs):.0f} tokens"
+            f"once; mean prompt {sum(r.prompt_tokens for r in reqs) / len(reqs):.0f}, "
+            f"mean output {sum(r.output_tokens for r in reqs) / len(reqs):.0f} tokens"
         )
-        out.append(Scenario("c_azure_code_trace", workload, reqs, 16, "wok-serial", ">= 4x serial"))
+        prompts = prompt_token_ids(reqs, vocab_size=vocab, seed=seed)
+        out.append(
+            Scenario(
+                "c_azure_code_trace", workload, reqs, prompts, 16, "wok-serial", ">= 4x serial"
+            )
+        )
     return out
 
 
@@ -185,11 +195,11 @@ def run_scenario(
     runner: ModelRunner, hf, scenario: Scenario, *, with_wok_static: bool = False
 ) -> tuple[dict[str, Any], HFRun | None]:
     """wok continuous against the scenario's baseline: its report, and HF's run (if any)."""
-    reqs, batch = scenario.requests, scenario.batch
+    reqs, prompts, batch = scenario.requests, scenario.prompts, scenario.batch
     if scenario.baseline == "wok-serial":
         rows = [
-            wok_run(runner, reqs, mode="continuous", batch=batch, tokens=None),
-            wok_run(runner, reqs, mode="serial", batch=1, tokens=None),
+            wok_run(runner, reqs, prompts, mode="continuous", batch=batch, tokens=None),
+            wok_run(runner, reqs, prompts, mode="serial", batch=1, tokens=None),
         ]
         speedup = rows[0]["output_tokens_per_s"] / rows[1]["output_tokens_per_s"]
         result = {
@@ -199,13 +209,13 @@ def run_scenario(
             "target": scenario.target,
         }
         return result, None
-    prompts, wants = [r.prompt_token_ids for r in reqs], [r.max_tokens for r in reqs]
+    wants = [r.output_tokens for r in reqs]
     wok_tokens: dict[int, list[int]] = {}
-    rows = [wok_run(runner, reqs, mode="continuous", batch=batch, tokens=wok_tokens)]
+    rows = [wok_run(runner, reqs, prompts, mode="continuous", batch=batch, tokens=wok_tokens)]
     static = hf_static_generate(hf, prompts, wants, batch_size=batch)
     rows.append(hf_row(static, len(reqs), batch))
     if with_wok_static:
-        rows.append(wok_run(runner, reqs, mode="static", batch=batch, tokens=None))
+        rows.append(wok_run(runner, reqs, prompts, mode="static", batch=batch, tokens=None))
     result = {
         "workload": scenario.workload,
         "rows": rows,
@@ -218,16 +228,10 @@ def run_scenario(
 
 def warm_up(runner: ModelRunner, hf) -> None:
     """First calls pay one-off allocation and dispatch costs: pay them before timing."""
-    warm = synthetic_workload(
-        num_requests=4,
-        input_len=(8, 16),
-        output_len=(4, 4),
-        request_rate=math.inf,
-        vocab_size=runner.config.vocab_size,
-        seed=99,
-    )
-    wok_run(runner, warm, mode="continuous", batch=4, tokens=None)
-    hf_static_generate(hf, [r.prompt_token_ids for r in warm], [4] * 4, batch_size=4)
+    warm = uniform_poisson(4, rate=math.inf, prompt_tokens=(8, 16), output_tokens=(4, 4), seed=99)
+    prompts = prompt_token_ids(warm, vocab_size=runner.config.vocab_size, seed=99)
+    wok_run(runner, warm, prompts, mode="continuous", batch=4, tokens=None)
+    hf_static_generate(hf, prompts, [4] * 4, batch_size=4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,8 +307,8 @@ def hf_continuous_rows(
 ) -> dict[str, Any]:
     """(a) also against transformers' own continuous batching, when it runs here: appends its
     row to `rows` and returns the notes."""
-    prompts = [r.prompt_token_ids for r in scenario.requests]
-    wants = [r.max_tokens for r in scenario.requests]
+    prompts = scenario.prompts
+    wants = [r.output_tokens for r in scenario.requests]
     notes: dict[str, Any] = {}
     try:
         # Its duration includes the manager's one-off setup; a one-request run first

@@ -47,14 +47,13 @@ from typing import Any
 import torch
 
 from wok_contracts.profile import StepProfile, load_profile
-from wok_contracts.traces import TraceRequest, read_azure
+from wok_contracts.traces import TraceRequest, read_azure, uniform_poisson
 from wok_runtime.core.engine import EngineConfig
 from wok_runtime.core.model_runner import ModelRunner, StepInput
 from wok_runtime.tools.bench_engine import (
-    BenchRequest,
     percentile,
+    prompt_token_ids,
     run_engine_bench,
-    synthetic_workload,
     trace_workload,
 )
 from wok_runtime.tools.profiler import StepSample, context_tokens, device_label, fit_step_costs
@@ -184,14 +183,10 @@ def refit_on_engine(steps: list[StepRecord], profile: StepProfile) -> StepProfil
     )
 
 
-def as_trace(requests: list[BenchRequest]) -> list[TraceRequest]:
-    return [TraceRequest(r.arrival_s, len(r.prompt_token_ids), r.max_tokens) for r in requests]
-
-
-def sim_figures(profile: StepProfile, requests: list[BenchRequest], cap: int) -> dict[str, Any]:
+def sim_figures(profile: StepProfile, requests: list[TraceRequest], cap: int) -> dict[str, Any]:
     """The simulator's single replica on `requests`, in `run_engine_bench`'s figures."""
     records = run_single(
-        profile, as_trace(requests), batch_cap=cap, max_queue=len(requests), queue_timeout_s=1e9
+        profile, requests, batch_cap=cap, max_queue=len(requests), queue_timeout_s=1e9
     )
     bad = [r for r in records if r.outcome != "ok"]
     if bad:
@@ -209,7 +204,7 @@ def sim_figures(profile: StepProfile, requests: list[BenchRequest], cap: int) ->
     }
 
 
-def saturated_rate(profile: StepProfile, requests: list[BenchRequest], cap: int) -> float:
+def saturated_rate(profile: StepProfile, requests: list[TraceRequest], cap: int) -> float:
     """Requests per second the profile says the engine serves with every request waiting."""
     burst = [dataclasses.replace(r, arrival_s=0.0) for r in requests]
     return sim_figures(profile, burst, cap)["requests_per_s"]
@@ -225,20 +220,17 @@ def scaled(profile: StepProfile, factor: float) -> StepProfile:
     )
 
 
-def mixed(case: Case, vocab: int, rate: float, seed: int) -> list[BenchRequest]:
-    return synthetic_workload(
-        num_requests=case.num_requests,
-        input_len=case.input_len,
-        output_len=case.output_len,
-        request_rate=rate,
-        vocab_size=vocab,
+def mixed(case: Case, rate: float, seed: int) -> list[TraceRequest]:
+    return uniform_poisson(
+        case.num_requests,
+        rate=rate,
+        prompt_tokens=case.input_len,
+        output_tokens=case.output_len,
         seed=seed,
     )
 
 
-def azure(
-    case: Case, profile: StepProfile, vocab: int, rate: float, seed: int
-) -> list[BenchRequest]:
+def azure(case: Case, profile: StepProfile, rate: float) -> list[TraceRequest]:
     """The trace slice with its arrivals compressed to `rate` requests/s on average (inf: all
     at once)."""
     span = read_azure(TRACE, case.num_requests)[-1].arrival_s
@@ -247,8 +239,6 @@ def azure(
         num_requests=case.num_requests,
         max_model_len=profile.max_model_len,
         speedup=span * rate / (case.num_requests - 1) if math.isfinite(rate) else math.inf,
-        vocab_size=vocab,
-        seed=seed,
     )
 
 
@@ -270,8 +260,9 @@ def check_case(name: str, case: Case, *, load: float, seed: int) -> dict[str, An
     vocab = runner.config.vocab_size
     rows: dict[str, Any] = {}
 
-    def both(label: str, requests: list[BenchRequest]) -> dict[str, Any]:
+    def both(label: str, requests: list[TraceRequest]) -> dict[str, Any]:
         print(f"{name} / {label}: {len(requests)} requests", file=sys.stderr)
+        prompts = prompt_token_ids(requests, vocab_size=vocab, seed=seed)
         recorder = ForwardRecorder(runner)
         config = EngineConfig(
             max_batch_size=case.batch_cap,
@@ -282,7 +273,7 @@ def check_case(name: str, case: Case, *, load: float, seed: int) -> dict[str, An
         )
         load_before = os.getloadavg()[0]
         try:
-            engine = run_engine_bench(runner, config, requests, progress=False)
+            engine = run_engine_bench(runner, config, requests, prompts, progress=False)
         finally:
             recorder.close()
         diag = diagnostics(recorder.steps, profile)
@@ -300,14 +291,14 @@ def check_case(name: str, case: Case, *, load: float, seed: int) -> dict[str, An
         }
         return rows[label]
 
-    burst = mixed(case, vocab, math.inf, seed)
+    burst = mixed(case, math.inf, seed)
     capacity = both("burst", burst)["engine"]["requests_per_s"]
-    both("poisson", mixed(case, vocab, load * capacity, seed))
+    both("poisson", mixed(case, load * capacity, seed))
     # The trace's mix is another one: its capacity is the engine's on the burst, times the
     # profile's ratio between the two mixes.
-    ratio = saturated_rate(profile, azure(case, profile, vocab, math.inf, seed), case.batch_cap)
+    ratio = saturated_rate(profile, azure(case, profile, math.inf), case.batch_cap)
     ratio /= saturated_rate(profile, burst, case.batch_cap)
-    both("azure", azure(case, profile, vocab, load * capacity * ratio, seed))
+    both("azure", azure(case, profile, load * capacity * ratio))
     return {"case": case, "profile": profile, "threads": threads, "workloads": rows}
 
 
@@ -319,7 +310,7 @@ def kv_bytes_per_token(case: Case, dtype: str) -> int:
     return config.kv_bytes_per_token(parse_dtype(dtype).itemsize)
 
 
-def offered_rate(requests: list[BenchRequest]) -> float:
+def offered_rate(requests: list[TraceRequest]) -> float:
     span = max(r.arrival_s for r in requests)
     return math.inf if span == 0 else (len(requests) - 1) / span
 

@@ -28,6 +28,7 @@ Variants:
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import statistics
 import sys
@@ -41,13 +42,14 @@ from typing import Any
 import torch
 from cpu_kernels import write_report
 
+from wok_contracts.traces import TraceRequest, uniform_poisson
 from wok_runtime.core.engine import EngineConfig
 from wok_runtime.core.loader import load_model, resolve_source
 from wok_runtime.core.model import FP32_GEMM_MIN_ROWS
 from wok_runtime.core.model_runner import ModelRunner
 from wok_runtime.core.step_graph import StepGraph
 from wok_runtime.kernels import brgemm_linear, paged_decode
-from wok_runtime.tools.bench_engine import BenchRequest, run_engine_bench, synthetic_workload
+from wok_runtime.tools.bench_engine import prompt_token_ids, run_engine_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -134,29 +136,28 @@ def run_model(model: str, *, batch: int, requests: int, reps: int) -> dict[str, 
         max_batch_size=batch, max_queue=requests, queue_timeout_s=1e9, max_model_len=512
     )
 
-    def load(count: int, output: int) -> list[BenchRequest]:
-        return synthetic_workload(
-            num_requests=count,
-            input_len=(128, 128),
-            output_len=(output, output),
-            request_rate=float("inf"),
-            vocab_size=runner.config.vocab_size,
+    def load(count: int, output: int) -> tuple[list[TraceRequest], list[list[int]]]:
+        """`count` requests of 128 prompt and `output` output tokens, all at once, and their
+        prompts."""
+        work = uniform_poisson(
+            count, rate=math.inf, prompt_tokens=(128, 128), output_tokens=(output, output)
         )
+        return work, prompt_token_ids(work, vocab_size=runner.config.vocab_size)
 
-    work = load(requests, 64)
-    warm = load(batch, 3)  # the step shapes of the timed runs, compiled and warm
+    work, work_prompts = load(requests, 64)
+    warm, warm_prompts = load(batch, 3)  # the step shapes of the timed runs, compiled and warm
     variants = gemm_variants(runner)
     for name, switch in variants.items():
         switch()
         started = time.perf_counter()
-        run_engine_bench(runner, config, warm, progress=False)
+        run_engine_bench(runner, config, warm, warm_prompts, progress=False)
         print(f"{model} batch {batch} {name}: warm-up {time.perf_counter() - started:.1f} s")
     figures: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rep in range(reps):
         names = list(variants) if rep % 2 == 0 else list(variants)[::-1]  # who goes first
         for name in names:
             variants[name]()
-            result = run_engine_bench(runner, config, work, progress=False)
+            result = run_engine_bench(runner, config, work, work_prompts, progress=False)
             for key in METRICS:
                 figures[name][key].append(result[key])
             print(f"{model} batch {batch} rep {rep} {name}: {result[METRICS[0]]:.1f} tok/s")

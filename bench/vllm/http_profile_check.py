@@ -41,7 +41,7 @@ from wok_cluster.vllm_venv import VLLM_WHEEL, ensure_vllm
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.traces import TraceRequest
 from wok_runtime.core.builtin import ensure_builtin
-from wok_runtime.tools.bench_http import RequestSpec, run_bench, summarize
+from wok_runtime.tools.bench_http import run_bench, summarize
 from wok_sim.replica import SimReplica
 from wok_sim.vllm_pod import VllmReplica
 
@@ -108,7 +108,7 @@ def simulated(engine: str, profile: StepProfile, load: Load) -> dict[str, float]
 
 
 def measured(server: Server, load: Load) -> dict[str, Any]:
-    specs = [RequestSpec(0.0, PROMPT, OUTPUT) for _ in range(load.requests)]
+    specs = [TraceRequest(0.0, PROMPT, OUTPUT) for _ in range(load.requests)]
     results, elapsed, batch = asyncio.run(
         run_bench([server.url], specs, max_concurrency=load.concurrency, duration_s=600, seed=1)
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import shlex
@@ -42,8 +43,9 @@ from typing import Any
 import httpx
 
 from wok_cluster.vllm_venv import default_venv, ensure_vllm
+from wok_contracts.traces import TraceRequest
 from wok_runtime.core.builtin import ensure_builtin
-from wok_runtime.tools.bench_http import RequestSpec, run_bench, summarize, trace_specs
+from wok_runtime.tools.bench_http import run_bench, summarize, trace_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,7 +146,7 @@ def vllm_server(python: Path, model_dir: Path, logs: Path) -> Server:
 @dataclass(frozen=True)
 class Load:
     name: str
-    specs: list[RequestSpec]
+    specs: list[TraceRequest]
     concurrency: int
     shared_prefix_len: int = 0  # the same tokens before every prompt of the run
 
@@ -155,16 +157,18 @@ def loads(scale: float) -> list[Load]:
     def n(count: int) -> int:
         return max(2, round(count * scale))
 
-    def closed(count: int, prompt: int, output: int) -> list[RequestSpec]:
-        return [RequestSpec(0.0, prompt, output)] * n(count)
+    def closed(count: int, prompt: int, output: int) -> list[TraceRequest]:
+        return [TraceRequest(0.0, prompt, output)] * n(count)
 
-    trace = trace_specs(str(TRACE), n=n(48), speedup=1.0, max_input_len=384, max_output_len=128)
+    # The trace's lengths, not its arrival times (all at once): a closed loop measures capacity.
+    trace = trace_specs(
+        str(TRACE), n=n(48), speedup=math.inf, max_input_len=384, max_output_len=128
+    )
     return [
         Load("closed-1", closed(8, 128, 64), 1),
         Load("closed-8", closed(32, 128, 64), 8),
         Load("closed-32", closed(96, 128, 64), 32),
-        # The trace's lengths, not its arrival times: a closed loop measures capacity.
-        Load("azure-code", [RequestSpec(0.0, s.prompt_len, s.output_len) for s in trace], 16),
+        Load("azure-code", trace, 16),
         Load("shared-prefix", closed(32, 32, 32), 8, shared_prefix_len=256),
     ]
 
@@ -209,7 +213,7 @@ def alternating_medians(
     for server in servers:
         server.start(timeout_s=900)
     for server in servers:  # warm-up: first requests pay one-off costs on both sides
-        run_load(server, Load("warm-up", [RequestSpec(0.0, 64, 16)] * 8, 8), 300, seed=99)
+        run_load(server, Load("warm-up", [TraceRequest(0.0, 64, 16)] * 8, 8), 300, seed=99)
     results = []
     for load in chosen:
         reports: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}

@@ -27,8 +27,9 @@ from pathlib import Path
 from runtime_vs_vllm import log, vllm_server
 
 from wok_cluster.vllm_venv import ensure_vllm
+from wok_contracts.traces import TraceRequest
 from wok_runtime.core.builtin import ensure_builtin
-from wok_runtime.tools.bench_http import RequestSpec, run_bench
+from wok_runtime.tools.bench_http import run_bench
 
 PROMPT, OUTPUT = 128, 64
 DEFAULT_ENV = {"OMP_NUM_THREADS": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
@@ -38,7 +39,7 @@ async def closed_loops(urls: list[str], clients: int, requests: int) -> float:
     """Aggregate output tok/s of `clients` loops per server, all servers at once."""
 
     async def one(url: str) -> tuple[int, float]:
-        specs = [RequestSpec(0.0, PROMPT, OUTPUT) for _ in range(requests)]
+        specs = [TraceRequest(0.0, PROMPT, OUTPUT) for _ in range(requests)]
         results, elapsed, _ = await run_bench(
             [url], specs, max_concurrency=clients, duration_s=300, seed=5
         )

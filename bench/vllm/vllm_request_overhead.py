@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from wok_runtime.tools.bench_http import RequestSpec, run_bench
+from wok_contracts.traces import TraceRequest
+from wok_runtime.tools.bench_http import run_bench
 
 ENGINE_SUMS = (
     "vllm:request_queue_time_seconds_sum",
@@ -49,7 +50,7 @@ async def scrape(url: str) -> dict[str, float]:
 
 def one_load(url: str, concurrency: int, requests: int, prompt: int, output: int) -> dict:
     before = asyncio.run(scrape(url))
-    specs = [RequestSpec(0.0, prompt, output) for _ in range(requests)]
+    specs = [TraceRequest(0.0, prompt, output) for _ in range(requests)]
     results, elapsed, _ = asyncio.run(
         run_bench([url], specs, max_concurrency=concurrency, duration_s=600, seed=3)
     )

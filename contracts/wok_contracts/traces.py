@@ -3,9 +3,10 @@
 Readers for the Azure LLM inference trace CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`), the
 Mooncake JSONL format (`timestamp` in ms, `input_length`, `output_length`, `hash_ids`) and the
 compact ServeGen day trace (per-window rates, inter-arrival fits and length PMFs, drawn from), plus
-Poisson and scripted loads, and the rate scaling the fleet simulator offers (`compress` or
-`overlay`). One parser per format, shared with the runtime's benchmarks (this module is pure
-Python).
+Poisson loads (lengths exponential, or uniform as the runtime's benchmarks ask) and scripted
+ones, and the rate scaling the fleet simulator offers (`compress` or `overlay`). One record
+(`TraceRequest`) and one parser per format, shared with the runtime's benchmarks (this module is
+pure Python).
 """
 
 from __future__ import annotations
@@ -138,6 +139,33 @@ def poisson(
     return scripted(
         (Phase(seconds, rate),), mean_prompt=mean_prompt, mean_output=mean_output, seed=seed
     )
+
+
+def uniform_poisson(
+    count: int,
+    *,
+    rate: float,
+    prompt_tokens: tuple[int, int],
+    output_tokens: tuple[int, int],
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """`count` requests, the first at 0, then Poisson arrivals at `rate` per second (inf: all at
+    once), lengths uniform in the inclusive ranges (`(n, n)`: all n). The arrivals draw from the
+    seed's own stream and the lengths from another one, so one seed gives the same arrival times
+    whatever the lengths asked."""
+    if not rate > 0:
+        raise ValueError(f"a request rate must be > 0 (inf: all at once), got {rate}")
+    arrivals = random.Random(seed)
+    lengths = random.Random(f"lengths:{seed}")
+    t = 0.0
+    out = []
+    for _ in range(count):
+        out.append(
+            TraceRequest(t, lengths.randint(*prompt_tokens), lengths.randint(*output_tokens))
+        )
+        if math.isfinite(rate):
+            t += arrivals.expovariate(rate)
+    return out
 
 
 def scripted(

@@ -22,7 +22,8 @@ from runtime_harness import (
 )
 
 from wok_contracts.metrics import METRICS, series_names
-from wok_runtime.tools.bench_http import poisson_specs, run_bench
+from wok_contracts.traces import TraceRequest
+from wok_runtime.tools.bench_http import run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -482,7 +483,7 @@ def test_a_shared_prefix_load_is_served_from_the_prefix_cache(server: RuntimeSer
     hits = 'vllm:prefix_cache_hits_total{model_name="tiny"}'
     queries = 'vllm:prefix_cache_queries_total{model_name="tiny"}'
     before = server.metrics()
-    specs = poisson_specs(6, rate=None, prompt_len=8, output_len=2, seed=0)
+    specs = [TraceRequest(0.0, 8, 2)] * 6
     results, _, _ = asyncio.run(
         run_bench([server.url], specs, model="tiny", max_concurrency=1, shared_prefix_len=64)
     )

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from wok import cli
+from wok_contracts.traces import TraceRequest
 from wok_runtime.tools.bench_engine import (
     parse_range,
     percentile,
-    synthetic_workload,
+    prompt_token_ids,
+    run_engine_bench,
     trace_workload,
 )
 
@@ -30,17 +33,16 @@ REQUIRED_KEYS = {
 }
 
 
-def test_synthetic_lengths_and_arrivals() -> None:
-    reqs = synthetic_workload(
-        num_requests=50, input_len=(3, 9), output_len=(2, 5), request_rate=10.0, vocab_size=100
-    )
-    assert all(3 <= len(r.prompt_token_ids) <= 9 and 2 <= r.max_tokens <= 5 for r in reqs)
-    arrivals = [r.arrival_s for r in reqs]
-    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0 and arrivals[-1] > 0
-    burst = synthetic_workload(
-        num_requests=5, input_len=(1, 1), output_len=(1, 1), request_rate=math.inf, vocab_size=9
-    )
-    assert {r.arrival_s for r in burst} == {0.0}
+def test_prompts_have_each_request_s_length_seeded_ids_and_no_eos() -> None:
+    reqs = [TraceRequest(0.0, 3, 1), TraceRequest(1.0, 50, 2), TraceRequest(2.0, 1, 9)]
+    prompts = prompt_token_ids(reqs, vocab_size=7, seed=3)
+    assert [len(p) for p in prompts] == [3, 50, 1]
+    assert {i for p in prompts for i in p} == set(range(1, 7))  # token 0 (EOS) never
+    assert prompts == prompt_token_ids(reqs, vocab_size=7, seed=3)
+    assert prompts != prompt_token_ids(reqs, vocab_size=7, seed=4)
+    # A prompt of another length than its request says is refused before any engine starts.
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        run_engine_bench(cast(Any, None), cast(Any, None), reqs, [prompts[0], prompts[0], [1]])
 
 
 def test_trace_is_scaled_to_fit_and_keeps_or_compresses_arrivals(tmp_path: Path) -> None:
@@ -51,23 +53,25 @@ def test_trace_is_scaled_to_fit_and_keeps_or_compresses_arrivals(tmp_path: Path)
         "2023-11-16 18:17:05.9799600,1000,500\n"
         "2023-11-16 18:17:07.9799600,8000,3\n"
     )
-    reqs = trace_workload(trace, num_requests=10, max_model_len=256, speedup=2.0, vocab_size=50)
-    assert [len(r.prompt_token_ids) for r in reqs] == [64, 16, 128]  # longest prompt: half of 256
-    assert [r.max_tokens for r in reqs] == [10, 240, 3]  # 500 clipped to what fits
+    reqs = trace_workload(trace, num_requests=10, max_model_len=256, speedup=2.0)
+    assert [r.prompt_tokens for r in reqs] == [64, 16, 128]  # longest prompt: half of 256
+    assert [r.output_tokens for r in reqs] == [10, 240, 3]  # 500 clipped to what fits
     assert [r.arrival_s for r in reqs] == pytest.approx([0.0, 1.0, 2.0])
-    assert all(len(r.prompt_token_ids) + r.max_tokens <= 256 for r in reqs)
+    assert all(r.prompt_tokens + r.output_tokens <= 256 for r in reqs)
+    clipped = trace_workload(
+        trace, num_requests=10, max_model_len=256, speedup=2.0, max_output_len=8
+    )
+    assert [r.output_tokens for r in clipped] == [8, 8, 3]
     with pytest.raises(ValueError, match="Azure"):
         bad = tmp_path / "bad.csv"
         bad.write_text("a,b\n1,2\n")
-        trace_workload(bad, num_requests=1, max_model_len=64, speedup=1.0, vocab_size=9)
+        trace_workload(bad, num_requests=1, max_model_len=64, speedup=1.0)
 
 
 def test_the_real_azure_trace_parses() -> None:
-    reqs = trace_workload(
-        TRACE, num_requests=200, max_model_len=512, speedup=math.inf, vocab_size=99
-    )
+    reqs = trace_workload(TRACE, num_requests=200, max_model_len=512, speedup=math.inf)
     assert len(reqs) == 200 and all(r.arrival_s == 0.0 for r in reqs)
-    assert max(len(r.prompt_token_ids) for r in reqs) == 256
+    assert max(r.prompt_tokens for r in reqs) == 256
 
 
 def test_ranges_and_percentiles() -> None:

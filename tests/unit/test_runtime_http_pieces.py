@@ -17,6 +17,7 @@ from starlette.requests import Request
 from test_bench_engine import REQUIRED_KEYS
 
 from wok_contracts import metrics as m
+from wok_contracts.traces import TraceRequest
 from wok_runtime.core.engine import EngineStats, StepStats
 from wok_runtime.core.kv_memory import KvMemory
 from wok_runtime.core.sequence import RequestMetrics
@@ -34,7 +35,6 @@ from wok_runtime.http.server_config import ServerConfig, parse_priority_classes
 from wok_runtime.tools.bench_http import (
     RequestResult,
     check_loopback,
-    poisson_specs,
     sse_lines,
     summarize,
     trace_specs,
@@ -432,16 +432,6 @@ def test_priority_classes_and_server_config():
 # --- the HTTP benchmark's arithmetic ---------------------------------------------------------
 
 
-def test_poisson_arrivals_have_the_asked_rate():
-    specs = poisson_specs(4000, rate=10.0, prompt_len=3, output_len=4, seed=1)
-    assert specs[0].send_at == 0.0
-    assert 9.0 < len(specs) / specs[-1].send_at < 11.0
-    assert all(s.prompt_len == 3 and s.output_len == 4 for s in specs)
-    assert {s.send_at for s in poisson_specs(5, rate=None, prompt_len=1, output_len=1, seed=0)} == {
-        0.0
-    }
-
-
 def test_trace_replay_is_relative_sped_up_and_clipped(tmp_path: Path):
     trace = tmp_path / "t.csv"
     trace.write_text(
@@ -450,10 +440,7 @@ def test_trace_replay_is_relative_sped_up_and_clipped(tmp_path: Path):
         "2023-11-16 18:17:05.9799600,100,700\n"
     )
     specs = trace_specs(str(trace), n=10, speedup=2.0, max_input_len=256, max_output_len=64)
-    assert [(s.send_at, s.prompt_len, s.output_len) for s in specs] == [
-        (0.0, 256, 10),
-        (1.0, 100, 64),
-    ]
+    assert specs == [TraceRequest(0.0, 256, 10), TraceRequest(1.0, 100, 64)]
 
 
 def test_only_loopback_targets():

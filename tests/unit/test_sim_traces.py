@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from wok_contracts.traces import (
     read_mooncake,
     scale_rate,
     splice,
+    uniform_poisson,
 )
 
 AZURE_HEAD = Path(__file__).parents[1] / "data" / "azure_llm_2023_code_head.csv"
@@ -72,6 +74,21 @@ def test_poisson_is_seeded_and_has_its_rate():
     assert a != poisson(10.0, 200.0, seed=5)
     assert len(a) == pytest.approx(2000, rel=0.07)
     assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in a)
+
+
+def test_uniform_poisson_has_its_rate_and_lengths_and_arrivals_that_ignore_the_lengths():
+    requests = uniform_poisson(4000, rate=10.0, prompt_tokens=(3, 9), output_tokens=(4, 4), seed=1)
+    assert requests[0].arrival_s == 0.0
+    assert 9.0 < len(requests) / requests[-1].arrival_s < 11.0
+    assert {r.prompt_tokens for r in requests} == set(range(3, 10))
+    assert {r.output_tokens for r in requests} == {4}
+    fixed = uniform_poisson(4000, rate=10.0, prompt_tokens=(5, 5), output_tokens=(1, 1), seed=1)
+    assert [r.arrival_s for r in fixed] == [r.arrival_s for r in requests]
+    assert fixed != uniform_poisson(4000, rate=10.0, prompt_tokens=(5, 5), output_tokens=(1, 1))
+    burst = uniform_poisson(5, rate=math.inf, prompt_tokens=(1, 1), output_tokens=(1, 1))
+    assert burst == [TraceRequest(0.0, 1, 1)] * 5
+    with pytest.raises(ValueError, match="rate"):
+        uniform_poisson(1, rate=0.0, prompt_tokens=(1, 1), output_tokens=(1, 1))
 
 
 def test_compress_divides_arrival_times():

@@ -23,24 +23,16 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wok_contracts.traces import read_azure
+from wok_contracts.traces import TraceRequest, clip_to_model, read_azure, uniform_poisson
 
 if TYPE_CHECKING:  # torch stays out of `wok --help`
     from wok_runtime.core.engine import EngineConfig, RequestOutput, StepStats
     from wok_runtime.core.model_runner import ModelRunner
 
 TRACE_PREFIX = "trace:"
-
-
-@dataclass(frozen=True)
-class BenchRequest:
-    prompt_token_ids: list[int]
-    max_tokens: int
-    arrival_s: float  # offset from the start of the run
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -55,35 +47,13 @@ def parse_range(text: str) -> tuple[int, int]:
     return low, high
 
 
-def _prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
-    # Token 0 is EOS/BOS in the builtin models; plain random ids above it are fine for timing.
-    return [rng.randrange(1, vocab_size) for _ in range(length)]
-
-
-def synthetic_workload(
-    *,
-    num_requests: int,
-    input_len: tuple[int, int],
-    output_len: tuple[int, int],
-    request_rate: float,
-    vocab_size: int,
-    seed: int = 0,
-) -> list[BenchRequest]:
-    """Uniform lengths; arrivals all at once (`request_rate=inf`) or Poisson at that rate."""
+def prompt_token_ids(
+    requests: list[TraceRequest], *, vocab_size: int, seed: int = 0
+) -> list[list[int]]:
+    """Each request's prompt: `prompt_tokens` seeded random ids, in the requests' order."""
     rng = random.Random(seed)
-    t = 0.0
-    out = []
-    for _ in range(num_requests):
-        out.append(
-            BenchRequest(
-                prompt_token_ids=_prompt(rng, rng.randint(*input_len), vocab_size),
-                max_tokens=rng.randint(*output_len),
-                arrival_s=t,
-            )
-        )
-        if math.isfinite(request_rate):
-            t += rng.expovariate(request_rate)
-    return out
+    # Token 0 is EOS/BOS in the builtin models; plain random ids above it are fine for timing.
+    return [[rng.randrange(1, vocab_size) for _ in range(r.prompt_tokens)] for r in requests]
 
 
 def trace_workload(
@@ -92,32 +62,24 @@ def trace_workload(
     num_requests: int,
     max_model_len: int,
     speedup: float,
-    vocab_size: int,
-    seed: int = 0,
     max_output_len: int | None = None,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """The first `num_requests` rows of an Azure trace (TIMESTAMP, ContextTokens,
     GeneratedTokens). Prompts are scaled by one factor so the longest one of the slice takes half
     of `max_model_len` (the trace's contexts reach 8k; the mix of short and long is what matters);
-    outputs keep their length, clipped to what fits. `speedup` divides the inter-arrival times
-    (inf: all at once)."""
+    outputs keep their length, clipped to what fits (and to `max_output_len`). `speedup` divides
+    the inter-arrival times (inf: all at once)."""
     rows = read_azure(path, num_requests)
     scale = (max_model_len // 2) / max(max(row.prompt_tokens for row in rows), 1)
-    rng = random.Random(seed)
-    out = []
-    for row in rows:
-        prompt_len = min(max(1, round(row.prompt_tokens * scale)), max_model_len - 1)
-        limit = max_model_len - prompt_len
-        if max_output_len is not None:
-            limit = min(limit, max_output_len)
-        out.append(
-            BenchRequest(
-                prompt_token_ids=_prompt(rng, prompt_len, vocab_size),
-                max_tokens=max(1, min(row.output_tokens, limit)),
-                arrival_s=row.arrival_s / speedup if math.isfinite(speedup) else 0.0,
-            )
+    scaled = [
+        TraceRequest(
+            row.arrival_s / speedup if math.isfinite(speedup) else 0.0,
+            round(row.prompt_tokens * scale),
+            row.output_tokens if max_output_len is None else min(row.output_tokens, max_output_len),
         )
-    return out
+        for row in rows
+    ]
+    return clip_to_model(scaled, max_model_len)[0]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -133,16 +95,18 @@ def percentile(values: list[float], q: float) -> float:
 def run_engine_bench(
     runner: ModelRunner,
     config: EngineConfig,
-    requests: list[BenchRequest],
+    requests: list[TraceRequest],
+    prompts: list[list[int]],
     *,
     progress: bool = True,
     timeout_s: float = 3600.0,
     tokens: dict[int, list[int]] | None = None,
 ) -> dict[str, Any]:
-    """Replays `requests` on a fresh engine over `runner`; returns the figures as a dict.
-    With `tokens`, also fills it with each request's output tokens (by workload index)."""
+    """Replays `requests` with their `prompts` (`prompt_token_ids`) on a fresh engine over
+    `runner`; returns the figures as a dict. With `tokens`, also fills it with each request's
+    output tokens (by workload index)."""
     finals, steps = replay(
-        runner, config, requests, progress=progress, timeout_s=timeout_s, tokens=tokens
+        runner, config, requests, prompts, progress=progress, timeout_s=timeout_s, tokens=tokens
     )
     failed = [o for o in finals if o.finish_reason not in ("length", "stop")]
     if failed:
@@ -153,14 +117,17 @@ def run_engine_bench(
 def replay(
     runner: ModelRunner,
     config: EngineConfig,
-    requests: list[BenchRequest],
+    requests: list[TraceRequest],
+    prompts: list[list[int]],
     *,
     progress: bool,
     timeout_s: float,
     tokens: dict[int, list[int]] | None,
 ) -> tuple[list[RequestOutput], list[StepStats]]:
     """Each request added at its arrival on a fresh engine, until every one has finished:
-    their final outputs, and the engine's steps."""
+    their final outputs, and the engine's steps. Each asks for exactly its `output_tokens`."""
+    if [len(p) for p in prompts] != [r.prompt_tokens for r in requests]:
+        raise ValueError("each request needs a prompt of its prompt_tokens ids")
     from tqdm import tqdm
 
     from wok_runtime.core.engine import LLMEngine, SamplingParams
@@ -191,8 +158,8 @@ def replay(
             delay = start + req.arrival_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True)
-            engine.add_request(req.prompt_token_ids, params, on_output=on_output, request_id=str(i))
+            params = SamplingParams(max_tokens=req.output_tokens, ignore_eos=True)
+            engine.add_request(prompts[i], params, on_output=on_output, request_id=str(i))
         if not all_done.wait(timeout_s):
             raise RuntimeError(f"the benchmark did not finish within {timeout_s} s")
     finally:
@@ -285,14 +252,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
     )
-    vocab = runner.config.vocab_size
     if args.workload == "synthetic":
-        workload = synthetic_workload(
-            num_requests=args.num_requests,
-            input_len=input_len,
-            output_len=output_len,
-            request_rate=args.request_rate,
-            vocab_size=vocab,
+        workload = uniform_poisson(
+            args.num_requests,
+            rate=args.request_rate,
+            prompt_tokens=input_len,
+            output_tokens=output_len,
             seed=args.seed,
         )
     else:
@@ -301,10 +266,9 @@ def run_from_args(args: argparse.Namespace) -> int:
             num_requests=args.num_requests,
             max_model_len=args.max_model_len,
             speedup=args.speedup,
-            vocab_size=vocab,
-            seed=args.seed,
             max_output_len=output_len[1] if args.output_len_given else None,
         )
+    prompts = prompt_token_ids(workload, vocab_size=runner.config.vocab_size, seed=args.seed)
     config = EngineConfig(
         mode=args.mode,
         max_batch_size=args.max_batch_size,
@@ -314,7 +278,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         queue_timeout_s=1e9,  # a benchmark measures waiting; it never expires anyone
         max_model_len=args.max_model_len,
     )
-    result = run_engine_bench(runner, config, workload, progress=not args.no_progress)
+    result = run_engine_bench(runner, config, workload, prompts, progress=not args.no_progress)
     result.update(model=args.model, workload=args.workload, seed=args.seed)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -33,17 +33,10 @@ from urllib.parse import urlparse
 import httpx
 
 from wok_contracts.quantiles import nearest_rank
-from wok_contracts.traces import read_azure
+from wok_contracts.traces import TraceRequest, read_azure, uniform_poisson
 
 PROMPT_TOKEN_RANGE = (10, 250)  # ids every vocabulary has (byte-level BPE: the 256 byte tokens)
 BATCH_SIZE_METRIC = "wok_batch_size"
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    send_at: float  # seconds after the start
-    prompt_len: int
-    output_len: int
 
 
 @dataclass
@@ -85,20 +78,6 @@ def check_loopback(url: str) -> str:
     return url.rstrip("/")
 
 
-def poisson_specs(
-    n: int, *, rate: float | None, prompt_len: int, output_len: int, seed: int
-) -> list[RequestSpec]:
-    """`n` requests with exponential gaps (mean 1/rate); rate None: all at t=0."""
-    rng = random.Random(seed)
-    t = 0.0
-    specs = []
-    for _ in range(n):
-        specs.append(RequestSpec(t, prompt_len, output_len))
-        if rate is not None:
-            t += rng.expovariate(rate)
-    return specs
-
-
 def trace_specs(
     path: str,
     *,
@@ -106,12 +85,12 @@ def trace_specs(
     speedup: float,
     max_input_len: int | None,
     max_output_len: int | None,
-) -> list[RequestSpec]:
+) -> list[TraceRequest]:
     """The first `n` requests of an Azure LLM trace (TIMESTAMP, ContextTokens, GeneratedTokens),
     times relative to the first, divided by `speedup`; lengths clipped to the given maxima."""
     if speedup <= 0:
         raise ValueError(f"--trace-speedup must be > 0, got {speedup}")
-    specs: list[RequestSpec] = []
+    specs: list[TraceRequest] = []
     for row in read_azure(Path(path), n):
         prompt = max(1, row.prompt_tokens)
         output = max(1, row.output_tokens)
@@ -119,7 +98,7 @@ def trace_specs(
             prompt = min(prompt, max_input_len)
         if max_output_len:
             output = min(output, max_output_len)
-        specs.append(RequestSpec(row.arrival_s / speedup, prompt, output))
+        specs.append(TraceRequest(row.arrival_s / speedup, prompt, output))
     return specs
 
 
@@ -139,17 +118,17 @@ async def send_completion(
     client: httpx.AsyncClient,
     url: str,
     model: str,
-    spec: RequestSpec,
+    spec: TraceRequest,
     rng: random.Random,
     prefix: list[int] | None = None,
 ) -> RequestResult:
-    """One streamed completion: `prefix` (if any), then `spec.prompt_len` random tokens."""
-    result = RequestResult(expected_tokens=spec.output_len)
-    own = [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(spec.prompt_len)]
+    """One streamed completion: `prefix` (if any), then `spec.prompt_tokens` random tokens."""
+    result = RequestResult(expected_tokens=spec.output_tokens)
+    own = [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(spec.prompt_tokens)]
     body = {
         "model": model,
         "prompt": (prefix or []) + own,
-        "max_tokens": spec.output_len,
+        "max_tokens": spec.output_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
@@ -210,7 +189,7 @@ async def _scrape_batch_size(client: httpx.AsyncClient, urls: list[str]) -> tupl
 
 async def run_bench(
     urls: list[str],
-    specs: list[RequestSpec],
+    specs: list[TraceRequest],
     *,
     model: str | None = None,
     max_concurrency: int | None = None,
@@ -235,11 +214,11 @@ async def run_bench(
 
             bar = tqdm(total=len(specs), desc="requests", unit="req", file=sys.stderr)
         round_robin = itertools.cycle(urls)
-        results = [RequestResult(expected_tokens=s.output_len) for s in specs]
+        results = [RequestResult(expected_tokens=s.output_tokens) for s in specs]
         start = time.perf_counter()
 
-        async def send(i: int, spec: RequestSpec, url: str) -> None:
-            await asyncio.sleep(max(0.0, spec.send_at - (time.perf_counter() - start)))
+        async def send(i: int, spec: TraceRequest, url: str) -> None:
+            await asyncio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - start)))
             if semaphore is not None:
                 async with semaphore:
                     results[i] = await send_completion(client, url, model, spec, rng, prefix)
@@ -378,11 +357,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     else:
         if args.input_len < 1 or args.output_len < 1:
             raise ValueError("--input-len and --output-len must be >= 1")
-        specs = poisson_specs(
+        specs = uniform_poisson(
             args.num_requests,
-            rate=args.request_rate,
-            prompt_len=args.input_len,
-            output_len=args.output_len,
+            rate=math.inf if args.request_rate is None else args.request_rate,
+            prompt_tokens=(args.input_len, args.input_len),
+            output_tokens=(args.output_len, args.output_len),
             seed=args.seed,
         )
     results, elapsed, mean_batch = asyncio.run(

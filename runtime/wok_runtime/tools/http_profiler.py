@@ -47,7 +47,8 @@ from dataclasses import dataclass
 import httpx
 
 from wok_contracts.profile import StepProfile
-from wok_runtime.tools.bench_http import RequestResult, RequestSpec, check_loopback, send_completion
+from wok_contracts.traces import TraceRequest
+from wok_runtime.tools.bench_http import RequestResult, check_loopback, send_completion
 from wok_runtime.tools.profiler import (
     Grid,
     StepFit,
@@ -271,7 +272,7 @@ async def measure_background(
     # steps: the background's length is sized for that, and injecting stops when it ends.
     output = WARMUP_TOKENS + (len(plan) + 2) * STEPS_PER_INJECTION
     output = max(WARMUP_TOKENS + 4, min(output, max_model_len - context))
-    spec = RequestSpec(0.0, context, output)
+    spec = TraceRequest(0.0, context, output)
     starts: list[float] = []
     results: list[RequestResult] = []
 
@@ -287,7 +288,7 @@ async def measure_background(
             break
         await asyncio.sleep(GAPS_BETWEEN_INJECTIONS * step)
         sent = time.perf_counter()
-        probe = await send_completion(client, url, model, RequestSpec(0.0, prefill, 1), rng)
+        probe = await send_completion(client, url, model, TraceRequest(0.0, prefill, 1), rng)
         if probe.ok and probe.ttft_s is not None:
             injected.append(Injection(prefill, sent, sent + probe.ttft_s))
     await asyncio.gather(*tasks)
@@ -304,7 +305,7 @@ async def _wait_warmup(
     """Waits out the background's prefill and warm-up; returns a step's rough seconds. A short
     probe request rides along with the background (whose streams are read only when they end):
     it is scheduled after their prompts, and its token gaps are steps of the same batch."""
-    probe = await send_completion(client, url, model, RequestSpec(0.0, 1, 4), rng)
+    probe = await send_completion(client, url, model, TraceRequest(0.0, 1, 4), rng)
     if not probe.ok or probe.ttft_s is None:
         raise RuntimeError(f"the server did not answer a probe: {probe.status} {probe.error}")
     times = probe.token_times
@@ -330,7 +331,7 @@ async def measure_server(
         max_len = facts.max_model_len or 2048
         samples: list[StepSample] = []
         rng = random.Random(seed)
-        lone_spec = RequestSpec(0.0, min(OVERHEAD_PROMPT, max_len // 2), OVERHEAD_OUTPUT)
+        lone_spec = TraceRequest(0.0, min(OVERHEAD_PROMPT, max_len // 2), OVERHEAD_OUTPUT)
         for d in decodes:
             for ctx in contexts:
                 if ctx + WARMUP_TOKENS + 4 > max_len:
