@@ -53,8 +53,8 @@ from wok_runtime.tools.bench_engine import (
     trace_workload,
 )
 
-# The full trace lives in the shared folder beside the checkout (see ../shared/traces/README.md).
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"
+# The shared Azure code trace (bench/traces/README.md).
+TRACE = Path(__file__).resolve().parents[1] / "traces" / "azure_llm_2023_code.csv"
 MAX_MODEL_LEN = 256
 
 

@@ -59,7 +59,7 @@ from wok_runtime.tools.bench_engine import (
 from wok_runtime.tools.profiler import StepSample, context_tokens, device_label, fit_step_costs
 from wok_sim.replica import run_single
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"
+TRACE = Path(__file__).resolve().parents[1] / "traces" / "azure_llm_2023_code.csv"
 OUT = Path(__file__).resolve().parent / "results" / "profile_check.md"
 TARGET = 0.15
 METRICS = (
