@@ -9,7 +9,8 @@ Both servers serve the same `builtin:` directory (bind-mounted read-only at the 
 container) with the same flags and one intra-op thread (runtime_vs_vllm.py's WOK_ENV); the
 container runs as a pod does (podman with runc, read-only root, no capabilities, a 64 MiB /tmp as
 the operator's emptyDir, the host's network so both are reached the same way), its cache
-directory a host directory as the operator's `compileCacheHostPath` makes it. The same client
+directory a host directory as the operator's `compileCacheHostPath` makes it. Each server runs
+in a cpu cgroup of its own, as a pod does (see VENV_CGROUP). The same client
 (bench_http.run_bench through runtime_vs_vllm.alternating_medians) drives both, alternating which
 goes first each rep.
 
@@ -24,6 +25,7 @@ own compile time; then both start a third time for the loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -59,6 +61,12 @@ LOADS = ("closed-1", "closed-8", "closed-32")
 FELL_BACK = re.compile(r"could not be built|compiling the model failed")
 COMPILED = re.compile(r"model compiled and warmed up in ([\d.]+) s")
 RUNTIME_USER = 1000  # the image's USER
+# cgroup v1's cpu controller, as on these machines. podman puts the container in a cpu cgroup
+# of its own (libpod_parent/libpod-ID), and CFS weighs a group as one task against every process
+# of the root group: on a machine shared with other work, a venv server left in the root group
+# would get a larger share of the CPU than the container. So the venv server gets a group too.
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+VENV_CGROUP = CPU_CGROUP / "wok-bench-venv"
 
 
 class TimedServer(Server):
@@ -72,10 +80,17 @@ class TimedServer(Server):
         self.ready_s = time.monotonic() - started
 
 
+def in_cpu_cgroup(group: Path, command: list[str]) -> list[str]:
+    """`command`, started inside the cpu cgroup `group` (made if missing)."""
+    group.mkdir(exist_ok=True)
+    return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *command]
+
+
 def venv_server(model_dir: Path, logs: Path, cache: Path, extra: list[str]) -> TimedServer:
     base = wok_server(model_dir, logs, ["--compile", *extra])
     env = {**base.env, "WOK_CACHE_DIR": str(cache)}
-    return TimedServer("venv", base.command, env, base.ready_path, base.port, logs / "venv.log")
+    command = in_cpu_cgroup(VENV_CGROUP, base.command)
+    return TimedServer("venv", command, env, base.ready_path, base.port, logs / "venv.log")
 
 
 def image_server(
@@ -165,6 +180,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['state_before']} before, {report['state_after']} after), "
         f"{report['reps']} alternating runs per side and load; medians. Image: "
         f"`{report['image']}` ({report['image_id'][:12]}, {report['image_gib']:.2f} GiB). "
+        "Each server in a cpu cgroup of its own, as a pod is (VENV_CGROUP in the script). "
         "Ratios are image ÷ venv: tok/s ≥ 0.9 and TPOT ≤ 1.1 are the goal.",
         "",
         f"- venv: `{report['venv_command']}`",
@@ -266,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for server in servers:
                 server.stop()
+            with contextlib.suppress(OSError):  # empty once the venv server has exited
+                VENV_CGROUP.rmdir()
     image, venv = servers
     report = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -279,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "venv_command": " ".join(f"{k}={v}" for k, v in WOK_ENV.items())
         + " "
-        + shlex.join(["wok", *venv.command[3:]]),
+        + shlex.join(["wok", *venv.command[venv.command.index("wok.cli") + 1 :]]),
         "image_command": "CONTAINERS_CONF=… " + shlex.join(image.command),
         "starts": starts,
         "rows": rows_of(medians),
