@@ -49,6 +49,7 @@ from runtime_vs_vllm import (
     log,
     ratio,
     ratio_text,
+    side_by_side_bars,
     wok_server,
 )
 
@@ -224,18 +225,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_tok, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [row["load"] for row in report["rows"]]
-    xs = range(len(names))
-    for offset, side in ((-0.2, "venv"), (0.2, "image")):
-        tok = [row[side]["output_tokens_per_s"] for row in report["rows"]]
-        tpot = [row[side]["tpot_p50_s"] * 1e3 for row in report["rows"]]
-        ax_tok.bar([x + offset for x in xs], tok, width=0.4, label=side)
-        ax_tpot.bar([x + offset for x in xs], tpot, width=0.4, label=side)
-    for ax, title in ((ax_tok, "output tok/s (higher is better)"),
-                      (ax_tpot, "TPOT P50, ms (lower is better)")):  # fmt: skip
-        ax.set_xticks(list(xs), names)
-        ax.set_title(f"--compile, builtin:tiny: {title}")
-        ax.legend()
+    sides = ("venv", "image")
+    side_by_side_bars(ax_tok, ax_tpot, report["rows"], sides, "p50", "--compile, image vs venv")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
