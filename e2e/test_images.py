@@ -189,6 +189,68 @@ def test_the_runtime_image_serves_tiny_read_only_and_drains_on_stop(built_images
             client.wait(timeout=60)
 
 
+COMPILED = "model compiled and warmed up"
+FELL_BACK = re.compile(r"could not be built|compiling the model failed")
+
+
+def start_compiled(cache: Path, log: Path) -> None:
+    """One `--compile` start of the runtime image as a pod runs it (read-only root, a 64 MiB
+    /tmp as the operator's emptyDir, `cache` as /var/cache/wok), stopped once ready."""
+    port = free_port()
+    name = f"wok-test-compile-{port}"
+    argv = ["podman", "run", "--rm", f"--name={name}", f"--publish=127.0.0.1:{port}:8000"]
+    argv += ["--read-only", "--tmpfs=/tmp:rw,size=64m", "--cap-drop=ALL"]
+    argv += ["--security-opt=no-new-privileges", f"--volume={cache}:/var/cache/wok"]
+    argv += [images.RUNTIME.tag, "runtime", "serve", "--model=builtin:tiny", "--host=0.0.0.0"]
+    argv += ["--port=8000", "--dtype=bfloat16", "--compile", "--log-level=info"]
+    argv += [f"--kv-cache-bytes={64 * 2**20}"]
+    with log.open("wb") as out:
+        client = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=images.podman_env()
+        )
+    try:
+
+        def ready() -> bool:
+            if client.poll() is not None:
+                raise GiveUp(f"the container exited {client.returncode}:\n{log.read_text()}")
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+
+        wait_until(ready, timeout=900, what="/readyz 200", interval=1)
+    finally:
+        images.podman("rm", "--force", "--time=0", name, check=False)
+        client.wait(timeout=60)
+
+
+def built_code(cache: Path) -> dict[Path, float]:
+    """The shared objects under the cache (the CPU kernels, inductor's step): path → mtime."""
+    return {path: path.stat().st_mtime for path in cache.glob("compile/*/**/*.so")}
+
+
+def test_the_runtime_image_builds_compile_into_its_cache_and_the_next_start_reuses_it(
+    built_images, tmp_path
+):
+    """The image has the toolchain `--compile` needs (g++, Python's headers, ninja): the first
+    start builds the CPU kernel and the compiled step into the cache volume, under the CPU's
+    key; a second start on the same volume serves compiled without building anything again."""
+    which = images.podman("run", "--rm", "--entrypoint=which", images.RUNTIME.tag, "g++", "ninja")
+    assert which.stdout.split() == ["/usr/bin/g++", "/usr/bin/ninja"]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chown(cache, 1000, 1000)
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    start_compiled(cache, first)
+    text = first.read_text()
+    assert COMPILED in text and not FELL_BACK.search(text), text[-3000:]
+    (key,) = (cache / "compile").iterdir()
+    assert any((key / "torch_extensions").glob("*/*.so")), "no CPU kernel in the cache"
+    assert any((key / "inductor").rglob("*.so")), "no compiled step in the cache"
+    built = built_code(cache)
+    start_compiled(cache, second)
+    text = second.read_text()
+    assert COMPILED in text and not FELL_BACK.search(text), text[-3000:]
+    assert built_code(cache) == built, "the second start built again"
+
+
 def test_podman_is_configured_as_these_machines_need():
     conf = Path(images.podman_env()["CONTAINERS_CONF"]).read_text()
     assert 'runtime = "runc"' in conf and "nofile=20000:20000" in conf

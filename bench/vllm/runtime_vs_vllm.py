@@ -330,20 +330,29 @@ def plot(report: dict[str, Any], path: Path) -> None:
     models = report["models"]
     fig, axes = plt.subplots(len(models), 2, figsize=(12, 4 * len(models)), squeeze=False)
     for (ax_tok, ax_tpot), model in zip(axes, models, strict=True):
-        names = [r["load"] for r in model["rows"]]
-        xs = range(len(names))
-        for offset, side in ((-0.2, "wok"), (0.2, "vllm")):
-            tok = [r[side]["output_tokens_per_s"] for r in model["rows"]]
-            tpot = [(r[side]["tpot_p99_s"] or 0) * 1e3 for r in model["rows"]]
-            ax_tok.bar([x + offset for x in xs], tok, width=0.4, label=side)
-            ax_tpot.bar([x + offset for x in xs], tpot, width=0.4, label=side)
-        for ax, title in ((ax_tok, "output tok/s (higher is better)"),
-                          (ax_tpot, "TPOT P99, ms (lower is better)")):  # fmt: skip
-            ax.set_xticks(list(xs), names)
-            ax.set_title(f"{model['model']}: {title}")
-            ax.legend()
+        side_by_side_bars(ax_tok, ax_tpot, model["rows"], ("wok", "vllm"), "p99", model["model"])
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def side_by_side_bars(
+    ax_tok: Any, ax_tpot: Any, rows: list[dict[str, Any]], sides: tuple[str, str], tpot: str,
+    title: str,
+) -> None:  # fmt: skip
+    """Each row's (load's) output tok/s on `ax_tok` and TPOT (`tpot`: p50 or p99) on `ax_tpot`,
+    a bar for each of the two `sides` of the row."""
+    names = [r["load"] for r in rows]
+    xs = range(len(names))
+    for offset, side in zip((-0.2, 0.2), sides, strict=True):
+        tok = [r[side]["output_tokens_per_s"] for r in rows]
+        tpot_ms = [(r[side][f"tpot_{tpot}_s"] or 0) * 1e3 for r in rows]
+        ax_tok.bar([x + offset for x in xs], tok, width=0.4, label=side)
+        ax_tpot.bar([x + offset for x in xs], tpot_ms, width=0.4, label=side)
+    for ax, what in ((ax_tok, "output tok/s (higher is better)"),
+                     (ax_tpot, f"TPOT {tpot.upper()}, ms (lower is better)")):  # fmt: skip
+        ax.set_xticks(list(xs), names)
+        ax.set_title(f"{title}: {what}")
+        ax.legend()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -152,6 +152,19 @@ class RuntimeSpec(ApiModel):
         le=3600,
         description="`sim:` sources only: how long a pod takes to load (default: the profile's).",
     )
+    compile: bool = Field(
+        default=False,
+        description="Serve with `--compile`: the step compiled by inductor and the CPU kernels, "
+        "native code built at the pod's first start for the node's CPU (tens of seconds).",
+    )
+    compile_cache_host_path: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=r"^/",
+        description="With `compile`: a directory on the node that keeps the builds across pods "
+        "(a hostPath, one subdirectory per CPU), so only the first pod on a node builds. "
+        "Default: the pod's own cache, built again by every pod.",
+    )
 
 
 class BatchingSpec(ApiModel):

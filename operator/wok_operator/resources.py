@@ -19,6 +19,9 @@ RUNTIME_PORT = 8000
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/etc/wok/admin"
 BATCH_SIZE_KEY = "maxBatchSize"
+CACHE_DIR = "/var/cache/wok"  # the runtime's WOK_CACHE_DIR
+COMPILE_CACHE_DIR = f"{CACHE_DIR}/compile"  # where compile_cache keeps a directory per CPU
+RUNTIME_USER = 1000
 SERVICE_LABEL = "wok.dev/service"
 MANAGED_BY = "wok-operator"
 FIELD_MANAGER = "wok-operator"
@@ -118,6 +121,7 @@ def runtime_args(spec: InferenceServiceSpec, budget: MemoryBudget) -> list[str]:
         f"--max-model-len={m.max_model_len}",
         f"--dtype={spec.model.dtype}",
         *accelerator_args(spec, budget),
+        *(["--compile"] if spec.runtime.compile else []),
         f"--drain-seconds={spec.runtime.drain_seconds}",
     ]
 
@@ -171,7 +175,7 @@ def pod_template(
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": {
-                "fsGroup": 1000,
+                "fsGroup": RUNTIME_USER,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "tolerations": [
@@ -214,6 +218,39 @@ def desired_deployment(
     }
 
 
+def compile_cache_parts(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The node's compile cache, when the spec names one for `--compile`: a hostPath over the
+    cache emptyDir's `compile/` (the runtime keys a subdirectory by the CPU, so one directory
+    serves a node's pods whatever its CPU), and an init container that gives it to the runtime's
+    user (the kubelet creates a hostPath root's, and fsGroup does not apply to it). Empty lists
+    otherwise: each pod builds into its own emptyDir."""
+    path = spec.runtime.compile_cache_host_path
+    if not spec.runtime.compile or path is None:
+        return {"volumes": [], "mounts": [], "init_containers": []}
+    owner = f"{RUNTIME_USER}:{RUNTIME_USER}"
+    chown = {
+        "name": "compile-cache-owner",
+        "image": spec.runtime.image,
+        "command": ["chown", owner, COMPILE_CACHE_DIR],
+        "volumeMounts": [{"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR}],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "16Mi"}},
+    }
+    return {
+        "volumes": [
+            {"name": "compile-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+        ],
+        "mounts": [{"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR}],
+        "init_containers": [chown],
+    }
+
+
 def runtime_volumes(
     name: str, spec: InferenceServiceSpec
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -229,13 +266,16 @@ def runtime_volumes(
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
-        {"name": "cache", "mountPath": "/var/cache/wok"},
+        {"name": "cache", "mountPath": CACHE_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if spec.runtime.gpus_per_pod > 1 and not spec.model.source.startswith("sim:"):
         # NCCL passes data between the ranks through /dev/shm; a container's default is 64Mi.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    compile_cache = compile_cache_parts(spec)
+    volumes += compile_cache["volumes"]
+    mounts += compile_cache["mounts"]
     if spec.model.volume is not None:
         volumes.append(
             {
@@ -266,7 +306,7 @@ def runtime_env(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
                 }
             },
         },
-        {"name": "WOK_CACHE_DIR", "value": "/var/cache/wok"},
+        {"name": "WOK_CACHE_DIR", "value": CACHE_DIR},
         # torch sizes its thread pool from the node's cores, not the pod's CPU: oversubscribed
         # threads spin-wait on each other.
         {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.runtime.cpu))},
@@ -314,15 +354,17 @@ def runtime_pod_parts(
         **runtime_probes(),
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
+            "runAsUser": RUNTIME_USER,
+            "runAsGroup": RUNTIME_USER,
             "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": mounts,
     }
+    init_containers = compile_cache_parts(spec)["init_containers"]
     return {
+        **({"initContainers": init_containers} if init_containers else {}),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": spec.runtime.drain_seconds + 5,

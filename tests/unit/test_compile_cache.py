@@ -10,6 +10,7 @@ import pytest
 from wok_runtime.kernels.compile_cache import (
     EXTENSIONS_ENV,
     INDUCTOR_ENV,
+    PRECOMPILED_HEADERS_ENV,
     cache_dirs,
     configure,
     cpu_key,
@@ -50,9 +51,14 @@ def test_configure_points_torch_under_the_cpus_key(
 ) -> None:
     monkeypatch.delenv(EXTENSIONS_ENV, raising=False)
     monkeypatch.delenv(INDUCTOR_ENV, raising=False)
+    monkeypatch.delenv(PRECOMPILED_HEADERS_ENV, raising=False)
     chosen = configure(tmp_path, key="x86_64-abc")
     want = cache_dirs(tmp_path, "x86_64-abc")
-    assert chosen == {env: str(path) for env, path in want.items()}
+    # precompiled headers off: torch would write them to the pod's small /tmp, not the cache
+    assert chosen == {
+        **{env: str(path) for env, path in want.items()},
+        PRECOMPILED_HEADERS_ENV: "0",
+    }
     assert all(path.is_dir() for path in want.values())
     assert str(tmp_path / "compile" / "x86_64-abc") in chosen[INDUCTOR_ENV]
 
@@ -60,8 +66,10 @@ def test_configure_points_torch_under_the_cpus_key(
 def test_a_cache_the_user_chose_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(EXTENSIONS_ENV, "/mine")
     monkeypatch.delenv(INDUCTOR_ENV, raising=False)
+    monkeypatch.setenv(PRECOMPILED_HEADERS_ENV, "1")
     chosen = configure(tmp_path, key="k")
     assert chosen[EXTENSIONS_ENV] == "/mine"
+    assert chosen[PRECOMPILED_HEADERS_ENV] == "1"
     assert chosen[INDUCTOR_ENV] == str(tmp_path / "compile" / "k" / "inductor")
 
 
@@ -77,6 +85,7 @@ def test_serve_with_compile_keeps_its_builds_in_the_cache_volume(
     monkeypatch.setenv("WOK_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(EXTENSIONS_ENV, raising=False)
     monkeypatch.delenv(INDUCTOR_ENV, raising=False)
+    monkeypatch.delenv(PRECOMPILED_HEADERS_ENV, raising=False)
     built: list[dict] = []  # the runner itself is not built: only where its builds would go
     monkeypatch.setattr(
         model_runner.ModelRunner, "from_source", staticmethod(lambda *a, **kw: built.append(kw))

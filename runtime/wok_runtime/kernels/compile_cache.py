@@ -11,7 +11,10 @@ CPU with another key builds its own instead of loading another's.
 
 `configure` points torch at the key's directories (TORCH_EXTENSIONS_DIR for cpp_extension,
 TORCHINDUCTOR_CACHE_DIR for inductor) unless the user set them; the runner calls it before
-`--compile` builds anything.
+`--compile` builds anything. It also turns off inductor's precompiled headers: torch writes them
+(about 150 MB per set of flags) under the temp directory, not its cache directory, which in a pod
+is a 64 MiB memory-backed /tmp (the build fails, "No space left on device") and gone at the next
+start; the compiled step is in the cache directory, so only a first start parses the headers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 #: The variables torch reads for where it keeps built code; ours unless already set.
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+PRECOMPILED_HEADERS_ENV = "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"
 
 
 def cpu_key(cpuinfo: str, *, machine: str, torch_version: str) -> str:
@@ -61,13 +65,17 @@ def cache_dirs(root: Path, key: str) -> dict[str, Path]:
 
 
 def configure(root: Path, key: str | None = None) -> dict[str, str]:
-    """Sets torch's build caches to `root`/compile/KEY (this CPU's key by default), leaving a
-    variable the user set alone; returns the variables as they now are."""
+    """Sets torch's build caches to `root`/compile/KEY (this CPU's key by default) and turns
+    off precompiled headers, leaving a variable the user set alone; returns the variables as
+    they now are."""
     key = key or this_cpu_key()
     for env, path in cache_dirs(root, key).items():
         if not os.environ.get(env):
             path.mkdir(parents=True, exist_ok=True)
             os.environ[env] = str(path)
-    chosen = {env: os.environ[env] for env in (EXTENSIONS_ENV, INDUCTOR_ENV)}
+    os.environ.setdefault(PRECOMPILED_HEADERS_ENV, "0")
+    chosen = {
+        env: os.environ[env] for env in (EXTENSIONS_ENV, INDUCTOR_ENV, PRECOMPILED_HEADERS_ENV)
+    }
     log.info("compiled code cached for CPU %s: %s", key, chosen)
     return chosen

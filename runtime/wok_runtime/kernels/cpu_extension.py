@@ -1,9 +1,10 @@
 """Small C++ kernels for the CPU, built on first use with torch's cpp_extension.
 
-Only `--compile` asks for them: it already needs a C++ toolchain. A build takes tens of seconds
-the first time and is cached under ~/.cache/torch_extensions, for this CPU (`-march=native`: the
-cache must not be shared with machines of another CPU). A kernel that cannot be built is None,
-and the caller keeps its torch path.
+Only `--compile` asks for them: it already needs a C++ toolchain (g++ and ninja; the runtime
+image has both). A build takes tens of seconds the first time and is cached where
+TORCH_EXTENSIONS_DIR points, which `serve --compile` keys by the CPU (compile_cache.py;
+`-march=native`: code built for one CPU must not reach another). A kernel that cannot be built
+is None, and the caller keeps its torch path.
 """
 
 from __future__ import annotations
