@@ -56,7 +56,6 @@ from runtime_vs_vllm import (
 from wok_cluster import images
 from wok_runtime.core.builtin import ensure_builtin
 
-ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 LOADS = ("closed-1", "closed-8", "closed-32")
 # a native build that failed: the server would serve eager, and this would measure the slow path
