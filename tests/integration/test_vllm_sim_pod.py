@@ -64,30 +64,6 @@ def fake_pod(tmp_path: Path) -> RuntimeServer:
     server.stop()
 
 
-def test_the_mapping_keeps_vllms_settings():
-    argv = sim_vllm_argv(["vllm", "serve"], rendered_args(8000), pod_ip="127.9.0.4", profile="p")
-    for flag in (
-        "--device=sim",
-        "--as-vllm",
-        "--queue-timeout=inf",
-        "--profile=p",
-        "--host=127.9.0.4",
-        "--port=8000",
-        f"--served-model-name={NAME}",
-        f"--max-batch-size={SEQS}",
-        f"--max-queue={SEQS + QUEUE}",
-        "--max-num-batched-tokens=2048",
-        "--max-model-len=512",
-        "--drain-seconds=30",
-    ):
-        assert flag in argv
-    assert "--no-prefix-caching" not in argv
-    no_cache = [a.replace("--enable-prefix", "--no-enable-prefix") for a in rendered_args(8000)]
-    assert "--no-prefix-caching" in sim_vllm_argv(
-        ["vllm", "serve"], no_cache, pod_ip="i", profile="p"
-    )
-
-
 def wait_health(server: RuntimeServer) -> list[int]:
     """The /health answers until the first 200."""
     seen: list[int] = []
