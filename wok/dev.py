@@ -46,6 +46,12 @@ def register(commands: Any) -> None:
     backer = sub.add_parser("backer", help="run the pod backer in the foreground (used by up)")
     backer.add_argument("--kubeconfig", required=True)
     backer.add_argument("--state-dir", required=True)
+    backer.add_argument(
+        "--vllm-sim-profile",
+        default=None,
+        help="run vLLM containers as fake vLLM pods: wok's runtime on this simulated "
+        "accelerator, answering as vLLM (wok_cluster/vllm_sim.py)",
+    )
     backer.set_defaults(func=_backer)
 
 

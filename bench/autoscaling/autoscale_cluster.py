@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from autoscale_manifests import scaled_object, service_spec
+from autoscale_manifests import model_volume, scaled_object, service_spec
 from autoscale_replay import Fleet, replay, summarize
 from autoscale_report import plot, write_markdown
 from autoscale_settings import (
@@ -95,13 +95,22 @@ from wok_cluster.kubeapi import KubeApi, KubeError
 from wok_cluster.netutil import free_port
 from wok_cluster.prometheus import Prometheus
 from wok_cluster.waiting import GiveUp, wait_until
+from wok_contracts.profile import load_profile
 from wok_contracts.traces import TraceRequest
 
 # --- the simulator beside the cluster ----------------------------------------------------------
 
 
-def simulate(s: Settings, slice_csv: Path, twins: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """`wok simulate --json` for the twins; returns their results and the command."""
+def simulate(
+    s: Settings, slice_csv: Path, twins: list[str], *, vllm_max_num_seqs: int | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """`wok simulate --json` for the twins (on vLLM pods at `vllm_max_num_seqs`, if given);
+    returns their results and the command."""
+    vllm = (
+        []
+        if vllm_max_num_seqs is None
+        else ["--engine=vllm", f"--max-num-seqs={vllm_max_num_seqs}"]
+    )
     command = [
         str(ROOT / ".venv" / "bin" / "wok"),
         "simulate",
@@ -119,6 +128,7 @@ def simulate(s: Settings, slice_csv: Path, twins: list[str]) -> tuple[dict[str, 
         f"--max-replicas={s.max_replicas}",
         f"--seed={s.seed}",
         f"--policy={','.join(twins)}",
+        *vllm,
         "--json",
         "--jobs=1",
     ]
@@ -132,7 +142,16 @@ def simulate(s: Settings, slice_csv: Path, twins: list[str]) -> tuple[dict[str, 
     for result in out.values():
         result["date"] = today
         result["wall_s_all_twins"] = round(wall, 1)
+        if vllm_max_num_seqs is not None:  # the pods' cap, whatever B a fixed policy swept
+            result["batch_size"] = vllm_max_num_seqs
     return out, command
+
+
+def best_fixed_batch(s: Settings, slice_csv: Path) -> int:
+    """The vLLM pods' --max-num-seqs: the simulator's best in hindsight for keda-waiting (the
+    fixed-batch policy) on this slice, as the wok-engine runs choose theirs."""
+    sims, _ = simulate(s, slice_csv, ["keda-waiting"])
+    return int(sims["keda-waiting"]["batch_size"])
 
 
 # --- the cluster run ---------------------------------------------------------------------------
@@ -190,6 +209,7 @@ def run_policy(
     initial: int,
     fixed_batch: int | None,
     run_dir: Path,
+    engine: str,
 ) -> dict[str, Any]:
     started_wall = time.monotonic()
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -198,9 +218,15 @@ def run_policy(
     so_path = f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects/{NAME}"
     with plane.api() as api:
         api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        if engine == "vllm":
+            pv, pvc = model_volume(namespace)
+            api.create("/api/v1/persistentvolumes", pv)
+            api.create(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc)
         operator = Operator(kc, namespace, prometheus.url, run_dir / f"operator-{namespace}.log")
         try:
-            apply_service(kc, namespace, service_spec(policy, s, initial, fixed_batch))
+            apply_service(
+                kc, namespace, service_spec(policy, s, initial, fixed_batch, engine=engine)
+            )
             decisions = run_dir / f"decisions-{namespace}.jsonl"
             fleet = Fleet(api, namespace, s.horizon_s, decisions=decisions)
             print(f"[{policy}] waiting for {initial} ready pods", file=sys.stderr, flush=True)
@@ -299,11 +325,17 @@ def hpa_summary(api: KubeApi, namespace: str) -> dict[str, Any]:
 # --- main --------------------------------------------------------------------------------------
 
 
-def load_results(path: Path, s: Settings) -> dict[str, Any]:
+def load_results(path: Path, s: Settings, engine: str) -> dict[str, Any]:
     if not path.exists():
-        return {"settings": asdict(s), "runs": {}, "simulator": {}, "commands": []}
+        return {
+            "settings": asdict(s),
+            "engine": engine,
+            "runs": {},
+            "simulator": {},
+            "commands": [],
+        }
     data = json.loads(path.read_text())
-    if data.get("settings") != asdict(s):
+    if data.get("settings") != asdict(s) or data.get("engine", "wok") != engine:
         raise SystemExit(
             f"{path} holds runs with other settings ({data.get('settings')}); pass the same "
             "settings, another --out, or --replace to start it over"
@@ -326,7 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out.with_suffix(".json")
     if args.replace and json_path.exists():
         json_path.unlink()
-    data = load_results(json_path, settings)
+    vllm = args.engine == "vllm"
+    if vllm and load_profile(settings.profile).load_seconds != settings.load_seconds:
+        raise SystemExit(
+            f"--engine vllm: the fake vLLM pods load for {settings.profile}'s load_seconds"
+        )
+    data = load_results(json_path, settings, args.engine)
     command = "python bench/autoscaling/autoscale_cluster.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
@@ -345,10 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.rewrite:
         policies, twins = (), []
         args.sim_only = True
+    # vLLM pods run one --max-num-seqs, every policy's
+    pods_batch = None
+    if vllm and not args.rewrite:
+        pods_batch = args.fixed_batch or best_fixed_batch(settings, slice_csv)
     if twins:
-        simulate_twins(settings, slice_csv, twins, data)
+        simulate_twins(settings, slice_csv, twins, data, pods_batch)
     if not args.sim_only:
-        runs = run_on_cluster(args, policies, settings, specs, initial, data, run_dir)
+        runs = run_on_cluster(args, policies, settings, specs, initial, data, run_dir, pods_batch)
         for policy, result in runs.items():
             result["command"] = command
             result["parallel_with"] = [x for x in runs if x != policy] if args.parallel else []
@@ -377,8 +418,21 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[str, .
     p.add_argument(
         "--rewrite", action="store_true", help="only add the notes and rewrite .md and .png"
     )
-    p.add_argument("--out", type=Path, default=RESULTS / "autoscale_cluster")
+    p.add_argument(
+        "--engine",
+        choices=("wok", "vllm"),
+        default="wok",
+        help="the pods' engine; vllm: an `engine: vllm` service whose pods the cluster runs as "
+        "fake vLLM pods on the simulated accelerator (wok_cluster/vllm_sim.py), every policy at "
+        "the same --max-num-seqs (--fixed-batch, else the simulator's best for keda-waiting)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="default: bench/autoscaling/results/autoscale_cluster[_vllm]"
+    )
     args = p.parse_args(argv)
+    if args.out is None:
+        vllm = args.engine == "vllm"
+        args.out = RESULTS / ("autoscale_cluster_vllm" if vllm else "autoscale_cluster")
     policies = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
     unknown = [x for x in policies if x not in POLICIES]
     if unknown:
@@ -387,11 +441,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[str, .
 
 
 def simulate_twins(
-    settings: Settings, slice_csv: Path, twins: list[str], data: dict[str, Any]
+    settings: Settings,
+    slice_csv: Path,
+    twins: list[str],
+    data: dict[str, Any],
+    vllm_max_num_seqs: int | None = None,
 ) -> None:
-    """The policies' twins in `wok simulate` on the same slice, into the results."""
+    """The policies' twins in `wok simulate` on the same slice (on vLLM pods at
+    `vllm_max_num_seqs`, if given), into the results."""
     print(f"simulating {', '.join(twins)}", file=sys.stderr, flush=True)
-    sims, sim_command = simulate(settings, slice_csv, twins)
+    sims, sim_command = simulate(settings, slice_csv, twins, vllm_max_num_seqs=vllm_max_num_seqs)
     data.setdefault("simulator", {}).update(sims)
     data["simulator_command"] = " ".join(
         "--trace=<the slice CSV>" if a.startswith("--trace=") else a
@@ -406,6 +465,24 @@ def simulate_twins(
         )
 
 
+def fixed_batches(
+    args: argparse.Namespace,
+    policies: tuple[str, ...],
+    data: dict[str, Any],
+    pods_batch: int | None,
+) -> dict[str, int | None]:
+    """Each policy's fixed B (None: wok moves it): the vLLM pods' --max-num-seqs for every
+    policy on vLLM; else --fixed-batch, or the simulator's best for the policy's twin."""
+    if args.engine == "vllm":
+        return dict.fromkeys(policies, pods_batch)
+    return {
+        x: (args.fixed_batch or data["simulator"][SIM_TWIN[x]]["batch_size"])
+        if x in FIXED_BATCH
+        else None
+        for x in policies
+    }
+
+
 def run_on_cluster(
     args: argparse.Namespace,
     policies: tuple[str, ...],
@@ -414,21 +491,24 @@ def run_on_cluster(
     initial: int,
     data: dict[str, Any],
     run_dir: Path,
+    pods_batch: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every policy's run on one emulated cluster (at once with --parallel), by policy; a
-    policy that fails is left out, and said so."""
+    policy that fails is left out, and said so. `pods_batch`: the vLLM pods' --max-num-seqs,
+    every fixed-batch policy's B (the engine: vllm runs)."""
+    vllm = args.engine == "vllm"
     needed = BUILT + KEDA if any(x in EXTERNAL for x in policies) else BUILT
     if missing(needed):
         raise SystemExit(f"{missing(needed)} not built in {bin_dir()}: run cluster/build.sh first")
-    batches = {
-        x: (args.fixed_batch or data["simulator"][SIM_TWIN[x]]["batch_size"])
-        if x in FIXED_BATCH
-        else None
-        for x in policies
-    }
+    batches = fixed_batches(args, policies, data, pods_batch)
     nodes = math.ceil((len(policies) if args.parallel else 1) * args.max_replicas / 8)
     plane = ControlPlane(run_dir, Binaries(bin_dir()))
-    cluster = Cluster(plane, nodes=max(2, nodes), gpus_per_node=8)
+    cluster = Cluster(
+        plane,
+        nodes=max(2, nodes),
+        gpus_per_node=8,
+        vllm_sim_profile=settings.profile if vllm else None,
+    )
     prometheus = Prometheus(plane, run_dir / "prometheus", interval=SCRAPE_INTERVAL)
     keda = Keda(plane, run_dir / "keda")
     runs: dict[str, dict[str, Any]] = {}
@@ -448,7 +528,15 @@ def run_on_cluster(
         def one(policy: str) -> None:
             try:
                 runs[policy] = run_policy(
-                    policy, plane, prometheus, settings, specs, initial, batches[policy], run_dir
+                    policy,
+                    plane,
+                    prometheus,
+                    settings,
+                    specs,
+                    initial,
+                    batches[policy],
+                    run_dir,
+                    args.engine,
                 )
                 short = {k: v for k, v in runs[policy].items() if k not in ("timeline", "settings")}
                 print(json.dumps(short), file=sys.stderr, flush=True)

@@ -8,15 +8,23 @@ from typing import Any
 from autoscale_settings import (
     CONCURRENCY_TARGET,
     EXTERNAL,
+    FIXED_BATCH,
+    MODEL,
     NAME,
+    VLLM_MODEL_CLAIM,
+    VLLM_MODEL_PATH,
     Settings,
 )
 
 from wok_sim.baselines import WAITING_TARGET
 
 
-def service_spec(policy: str, s: Settings, initial: int, fixed_batch: int | None) -> dict:
+def service_spec(
+    policy: str, s: Settings, initial: int, fixed_batch: int | None, *, engine: str = "wok"
+) -> dict:
     """The InferenceService of a run: the same pods for every policy; who owns which knob."""
+    if engine == "vllm":
+        return vllm_service_spec(policy, s, initial, fixed_batch)
     spec: dict[str, Any] = {
         "model": {"source": s.profile, "preset": "llama-3-8b", "dtype": "bfloat16"},
         # the defaults otherwise (queue 256 / 30 s, drain 30 s), as the simulator's
@@ -46,6 +54,58 @@ def service_spec(policy: str, s: Settings, initial: int, fixed_batch: int | None
         b = fixed_batch
         spec["batching"] = {"minBatchSize": b, "initialBatchSize": b, "maxBatchSize": b}
     return spec
+
+
+def vllm_service_spec(policy: str, s: Settings, initial: int, batch: int | None) -> dict:
+    """`engine: vllm`: the same service on vLLM pods (fakes on the cluster: wok_cluster/
+    vllm_sim.py), every policy's pods at `--max-num-seqs` `batch` (vLLM cannot change it live);
+    wok's law may still count a smaller batch per pod (its TPOT rule), KEDA's runs never do."""
+    if batch is None:
+        raise ValueError("engine vllm: the pods' --max-num-seqs must be given")
+    spec = service_spec(policy, s, initial, batch)
+    spec["engine"] = "vllm"
+    spec["model"] = {
+        "source": VLLM_MODEL_PATH,
+        "servedName": MODEL,
+        "preset": "llama-3-8b",
+        "dtype": "bfloat16",
+    }
+    spec["model"]["volume"] = {"claimName": VLLM_MODEL_CLAIM}
+    del spec["runtime"]["simLoadSeconds"]  # the fake's load is its profile's (`--load-seconds`)
+    if policy not in FIXED_BATCH:
+        spec["batching"]["minBatchSize"] = 1
+    return spec
+
+
+def model_volume(namespace: str) -> tuple[dict, dict]:
+    """The PersistentVolume and its claim that `engine: vllm` pods mount the model from (the fake
+    vLLM pod reads nothing from it; a real cluster's claim would hold the weights). Bound to
+    each other up front, so kube-controller-manager's binder marks them Bound at once."""
+    volume = f"{namespace}-model"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": "20Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "hostPath": {"path": VLLM_MODEL_PATH},
+            "claimRef": {"namespace": namespace, "name": VLLM_MODEL_CLAIM},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": VLLM_MODEL_CLAIM, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": volume,
+            "resources": {"requests": {"storage": "20Gi"}},
+        },
+    }
+    return pv, pvc
 
 
 def scaled_object(policy: str, namespace: str, prometheus_url: str, s: Settings) -> dict:

@@ -24,6 +24,7 @@ from autoscale_settings import (
     NAME,
     RETRY_CODES,
     SAMPLE_S,
+    VLLM_BUSY,
     Settings,
 )
 
@@ -190,6 +191,11 @@ async def replay(
     return results, time.perf_counter() - started
 
 
+def _refused(result: RequestResult) -> bool:
+    """wok's 429 queue_full, or vLLM's 503 past --max-num-queued-reqs."""
+    return result.status == 429 or (result.status == 503 and VLLM_BUSY in (result.body or ""))
+
+
 def summarize(results: list[RequestResult], fleet: Fleet, s: Settings) -> dict[str, Any]:
     """As `wok_sim.report.summarize` counts: every request in the denominator, misses included."""
     n = len(results)
@@ -214,16 +220,16 @@ def summarize(results: list[RequestResult], fleet: Fleet, s: Settings) -> dict[s
         "pod_hours_with_tail": fleet.pod_seconds_total / 3600,
         "scale_events": len(directions),
         "flips": flips,
-        "rejected": sum(1 for r in results if r.status == 429),
+        "rejected": sum(1 for r in results if _refused(r)),
         "timeouts": sum(
             1 for r in results if r.status == 503 and "queue_timeout" in (r.body or "")
         ),
-        "failed": sum(1 for r in results if not r.ok and r.status != 429),
+        "failed": sum(1 for r in results if not r.ok and not _refused(r)),
         "max_replicas": max(replicas, default=0),
         "failure_reasons": Counter(
             f"{r.status} {r.error or (r.body or '')[:80]}"[:120]
             for r in results
-            if not r.ok and r.status != 429
+            if not r.ok and not _refused(r)
         ).most_common(5),
         "client_send_late_p50_s": statistics.median(fleet.send_late) if fleet.send_late else None,
         "client_send_late_p99_s": p99(fleet.send_late),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,58 @@ def sec(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+FIXED_BATCHES = (
+    "Fixed batches: the simulator's best in hindsight for the policy's twin on this slice."
+)
+REFUSED = {False: "429s", True: "refusals (vLLM's 503 past `--max-num-queued-reqs`)"}
+VLLM_BATCH = (
+    "vLLM cannot change its batch cap live: every policy's pods run the same `--max-num-seqs` "
+    "(B; the simulator's best in hindsight for `keda-waiting` on this slice), rendered by the "
+    "operator from `batching.maxBatchSize` with `applyToEngine: never`; `wok`'s law moves the "
+    "replicas and may count a smaller batch per pod (its TPOT rule), never a larger one. Queue "
+    "bound: `--max-num-queued-reqs` B + 256 (`queue.maxLength`, the default); `wok`'s policy "
+    "line above is the law on vLLM's series alone (the operator's round for `engine: vllm`)."
+)
+VLLM_SIM = (
+    ", `--engine vllm --max-num-seqs B` (the simulator's vLLM pods: the batch cap fixed, and "
+    "no queue bound, so no refusals there: a request waits until it runs)"
+)
+
+
+def _policy_lines(s: Settings, policies: Sequence[str], vllm: bool) -> list[str]:
+    wok = "the replicas, on vLLM's series; the batch is the pods'" if vllm else "batch and replicas"
+    lines = {
+        "keda-waiting": "- `keda-waiting`: KEDA ScaledObject, Prometheus trigger "
+        f"`sum(vllm:num_requests_waiting{{namespace=…}})`, threshold {WAITING_TARGET:g} "
+        "(AverageValue), pollingInterval 30 s, `useCachedMetrics` (the simulator's KEDA "
+        "model), HPA default behaviour, on the InferenceService's scale subresource "
+        "(`scaling.replicas: external`), fixed batch.",
+        "hpa-concurrency": "- `hpa-concurrency`: the same path, query `sum(running) + "
+        f"sum(waiting)`, AverageValue target {CONCURRENCY_TARGET} per pod, read at every 15 s "
+        "HPA sync; fixed batch.",
+        "wok": f"- `wok`: the operator moves {wok} (defaults; podStartSeconds "
+        f"{round(s.load_seconds)}).",
+        "wok-batch+keda": "- `wok-batch+keda`: KEDA as in `keda-waiting` owns the replicas, wok "
+        "moves the batch.",
+    }
+    return [lines[p] for p in policies]
+
+
+def _pods(s: Settings, vllm: bool) -> str:
+    if vllm:
+        return (
+            "an `engine: vllm` InferenceService: the operator's vLLM pods, rendered and scraped "
+            "as for real vLLM, run by the cluster as fake vLLM pods (no GPU here): wok's runtime "
+            f"on the simulated accelerator `{s.profile}` answering as vLLM 0.32 (only vLLM's "
+            "metric series, `/health`, a 503 past `--max-num-queued-reqs`, the batch fixed at "
+            f"`--max-num-seqs`; cluster/wok_cluster/vllm_sim.py), {s.load_seconds:g} s load"
+        )
+    return (
+        f"an InferenceService on `{s.profile}` pods (the real runtime on the simulated "
+        f"accelerator, {s.load_seconds:g} s load)"
+    )
+
+
 def write_markdown(data: dict[str, Any]) -> str:
     """autoscale_cluster.md from the results JSON: the set-up, the cluster's table, the simulator
     beside it, the runs, the notes."""
@@ -35,10 +88,11 @@ def write_markdown(data: dict[str, Any]) -> str:
     runs: dict[str, dict] = data.get("runs", {})
     sims: dict[str, dict] = data.get("simulator", {})
     ordered = [p for p in POLICIES if p in runs]
+    vllm = data.get("engine") == "vllm"
     lines = [
-        *set_up(data, s),
-        *cluster_table(runs, ordered),
-        *beside_the_simulator(runs, sims, ordered, s),
+        *set_up(data, s, vllm),
+        *cluster_table(runs, ordered, vllm),
+        *beside_the_simulator(runs, sims, ordered, s, vllm),
         *runs_table(runs, ordered),
     ]
     notes = data.get("notes", [])
@@ -47,25 +101,28 @@ def write_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def set_up(data: dict[str, Any], s: Settings) -> list[str]:
+def set_up(data: dict[str, Any], s: Settings, vllm: bool) -> list[str]:
     """The title, the commands, the set-up and the policies."""
+    ordered = [p for p in POLICIES if p in data.get("runs", {})]
     return [
-        "# wok against KEDA and the HPA on the emulated cluster",
+        "# wok against KEDA on `engine: vllm` pods on the emulated cluster"
+        if vllm
+        else "# wok against KEDA and the HPA on the emulated cluster",
         "",
         "Made by `bench/autoscaling/autoscale_cluster.py`; every invocation merges its runs into "
-        "`autoscale_cluster.json` and rewrites this file and the plot from all runs present. "
-        "Commands:",
+        f"`autoscale_cluster{'_vllm' if vllm else ''}.json` and rewrites this file and the plot "
+        "from all runs present. Commands:",
         "",
         *(f"- `{c}`" for c in data.get("commands", [])),
         "",
         f"**Set-up.** The first {s.minutes:g} min of the shared Azure code trace, "
         f"{s.rate_mode} ×{s.rate_scale:g} (seed {s.seed}), replayed with its clock against "
-        f"an InferenceService on `{s.profile}` pods (the real runtime on the simulated "
-        f"accelerator, {s.load_seconds:g} s load), on the emulated cluster (real kube-apiserver, "
+        f"{_pods(s, vllm)}, on the emulated cluster (real kube-apiserver, "
         "kube-controller-manager with its HPA controller, KEDA v2 from upstream, Prometheus "
         f"scraping every {SCRAPE_INTERVAL}). SLOs: TTFT {s.slo_ttft_s:g} s, mean TPOT "
         f"{s.slo_tpot_s:g} s, E2E {s.slo_e2e_s:g} s, on the client, from each request's "
-        "scheduled arrival; 429s, timeouts and failures miss all three. Every run starts from "
+        f"scheduled arrival; {REFUSED[vllm]}, timeouts and failures miss all three. Every run "
+        "starts from "
         "the same ready fleet, the simulator's warm start for the slice; at most "
         f"{s.max_replicas} replicas. Requests go to the ready pod with the fewest in flight "
         "(the simulator's `least-loaded`); a refused connection or a 503 `draining`/`loading` "
@@ -74,29 +131,20 @@ def set_up(data: dict[str, Any], s: Settings) -> list[str]:
         "(as the simulator bills; "
         "with the tail until the last answer in the JSON).",
         "",
-        "- `keda-waiting`: KEDA ScaledObject, Prometheus trigger "
-        f"`sum(vllm:num_requests_waiting{{namespace=…}})`, threshold {WAITING_TARGET:g} "
-        "(AverageValue), pollingInterval 30 s, `useCachedMetrics` (the simulator's KEDA "
-        "model), HPA default behaviour, on the InferenceService's scale subresource "
-        "(`scaling.replicas: external`), fixed batch.",
-        "- `hpa-concurrency`: the same path, query `sum(running) + sum(waiting)`, AverageValue "
-        f"target {CONCURRENCY_TARGET} per pod, read at every 15 s HPA sync; fixed batch.",
-        "- `wok`: the operator moves batch and replicas (defaults; podStartSeconds "
-        f"{round(s.load_seconds)}).",
-        "- `wok-batch+keda`: KEDA as in `keda-waiting` owns the replicas, wok moves the batch.",
+        *_policy_lines(s, ordered if vllm else POLICIES, vllm),
         "",
-        "Fixed batches: the simulator's best in hindsight for the policy's twin on this slice.",
+        VLLM_BATCH if vllm else FIXED_BATCHES,
         "",
     ]
 
 
-def cluster_table(runs: dict[str, dict], ordered: list[str]) -> list[str]:
+def cluster_table(runs: dict[str, dict], ordered: list[str], vllm: bool) -> list[str]:
     """Each policy's outcome on the cluster."""
     lines = [
         "## On the cluster",
         "",
         "| policy | all SLOs | TTFT | TPOT | E2E | P99 TTFT s | P99 TPOT s | P99 E2E s | pod-h |"
-        " scale events | flips | 429 | timeouts | failed | max R | B |",
+        f" scale events | flips | {'refused' if vllm else '429'} | timeouts | failed | max R | B |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for policy in ordered:
@@ -113,7 +161,7 @@ def cluster_table(runs: dict[str, dict], ordered: list[str]) -> list[str]:
 
 
 def beside_the_simulator(
-    runs: dict[str, dict], sims: dict[str, dict], ordered: list[str], s: Settings
+    runs: dict[str, dict], sims: dict[str, dict], ordered: list[str], s: Settings, vllm: bool
 ) -> list[str]:
     """Each policy against its twin in `wok simulate` on the same slice, and the twins alone."""
     lines = [
@@ -123,7 +171,8 @@ def beside_the_simulator(
         "`wok simulate` on the same slice (written to a CSV in the trace's format), same rate "
         f"scale, mode, seed, SLOs, profile, warm start and max replicas, `--cold-start "
         f"{s.load_seconds:g} --routing least-loaded --scrape-interval 5 --duration "
-        f"{s.horizon_s:g}`. Target: within 3 points of attainment and 10 % of pod-hours.",
+        f"{s.horizon_s:g}`{VLLM_SIM if vllm else ''}. Target: within 3 points of attainment and "
+        "10 % of pod-hours.",
         "",
         "| policy | simulator twin | B cluster / sim | all SLOs cluster | sim | Δ points |"
         " pod-h cluster | sim | Δ % | within target |",

@@ -32,6 +32,11 @@ CONCURRENCY_TARGET = 32  # per pod, the simulator's hpa-concurrency-32
 SCRAPE_INTERVAL = "5s"  # Prometheus, as the simulator's --scrape-interval 5
 SAMPLE_S = 1.0
 RETRY_CODES = ("draining", "loading")  # 503s a gateway retries on another pod
+#: `--engine vllm`: the pods' model path (the fake vLLM pod ignores it: the profile is the model)
+VLLM_MODEL_PATH = "/models/llama-3-8b"
+VLLM_MODEL_CLAIM = "llama-3-8b"
+#: vLLM's 503 past --max-num-queued-reqs (its QueueOverflowError): a refusal, as wok's 429
+VLLM_BUSY = "cannot accept new requests"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from wok_cluster.podman_container import (
 )
 from wok_cluster.process import RUN_MARKER
 from wok_cluster.vllm_process import is_vllm, vllm_argv, vllm_env
+from wok_cluster.vllm_sim import sim_vllm_argv
 from wok_cluster.volumes import VolumeError, materialize, mount_table, rewrite
 
 # host variables a pod process inherits: enough to find programs and caches, nothing cluster-ish
@@ -77,8 +78,12 @@ def emulate_gpu(argv: list[str]) -> list[str]:
 
 
 class BackedPod:
-    def __init__(self, pod: Mapping[str, Any], directory: Path) -> None:
+    def __init__(
+        self, pod: Mapping[str, Any], directory: Path, *, vllm_sim_profile: str | None = None
+    ) -> None:
         self.pod = pod
+        # set: a vLLM container runs as the fake vLLM pod on this simulated accelerator
+        self.vllm_sim_profile = vllm_sim_profile
         self.uid: str = pod["metadata"]["uid"]
         self.directory = directory
         policy = pod["spec"].get("restartPolicy", "Always")
@@ -272,7 +277,10 @@ class BackedPod:
         env = self._env(api, spec, env, mounts)
         command = [rewrite(expand(arg, env), mounts) for arg in spec.get("command", [])]
         args = [rewrite(expand(arg, env), mounts) for arg in spec.get("args", [])]
-        if is_vllm(spec):  # vLLM's CPU build in its own venv (vllm_process.py)
+        if is_vllm(spec) and self.vllm_sim_profile:  # the fake vLLM pod (vllm_sim.py)
+            argv = sim_vllm_argv(command, args, pod_ip=self.pod_ip, profile=self.vllm_sim_profile)
+            argv = [map_program(argv[0]), *argv[1:]]
+        elif is_vllm(spec):  # vLLM's CPU build in its own venv (vllm_process.py)
             argv, env = vllm_argv(command, args, pod_ip=self.pod_ip), vllm_env(env)
         else:
             argv = [*command, *args]

@@ -35,8 +35,11 @@ log = logging.getLogger("wok.backer")
 
 
 class PodBacker:
-    def __init__(self, kubeconfig: Path, state_dir: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, state_dir: Path, *, vllm_sim_profile: str | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.vllm_sim_profile = vllm_sim_profile  # vllm_sim.py: vLLM pods as fakes on it
         self.state_dir = state_dir
         self.api = KubeApi.from_kubeconfig(kubeconfig)
         self._seen: dict[str, dict[str, Any]] = {}  # uid -> latest Pod object; written by watcher
@@ -118,7 +121,9 @@ class PodBacker:
                 continue
             backed = self.pods.get(uid)
             if backed is None:
-                backed = self.pods[uid] = BackedPod(pod, self._pod_dir(pod))
+                backed = self.pods[uid] = BackedPod(
+                    pod, self._pod_dir(pod), vllm_sim_profile=self.vllm_sim_profile
+                )
             backed.pod = pod
             if pod["metadata"].get("deletionTimestamp"):
                 self._terminate(backed)
@@ -219,7 +224,9 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    backer = PodBacker(Path(args.kubeconfig), state_dir)
+    backer = PodBacker(
+        Path(args.kubeconfig), state_dir, vllm_sim_profile=args.vllm_sim_profile or None
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: backer.stop())
     started = time.monotonic()

@@ -43,6 +43,7 @@ class Cluster:
         gpus_per_node: int = 8,
         backer: bool = True,
         hpa_sync_seconds: float | None = None,
+        vllm_sim_profile: str | None = None,
     ) -> None:
         self.control_plane = control_plane
         self.run_dir = control_plane.run_dir
@@ -51,6 +52,8 @@ class Cluster:
         self.with_backer = backer
         # None: the HPA controller's upstream sync period (15 s), as a real cluster has it
         self.hpa_sync_seconds = hpa_sync_seconds
+        # a simulated accelerator's profile: vLLM pods run as fakes on it (vllm_sim.py)
+        self.vllm_sim_profile = vllm_sim_profile
         self.supervisor = Supervisor(run_marker=str(self.run_dir))
         self.backer_dir = self.run_dir / "backer"
         self.pod_octet, self._pod_network_claim = claim_pod_octet()
@@ -208,6 +211,7 @@ class Cluster:
                 "backer",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--state-dir={self.backer_dir}",
+                *([f"--vllm-sim-profile={self.vllm_sim_profile}"] if self.vllm_sim_profile else []),
             ],
             log=self.run_dir / "pod-backer.log",
         )

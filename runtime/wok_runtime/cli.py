@@ -49,6 +49,13 @@ def _register_serve(runtime: Any) -> None:
         help="compute every prompt in full (by default a request reuses the KV blocks of the "
         "longest prompt prefix that an earlier one computed)",
     )
+    p.add_argument(
+        "--as-vllm",
+        action="store_true",
+        help="answer as a vLLM 0.32 server where wok's differs: only vLLM's metric series, "
+        "/health, 503 once --max-queue requests are in flight (waiting and running); the "
+        "batch stays at --max-batch-size (the emulated cluster's fake vLLM pods)",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
 

@@ -4,6 +4,11 @@
 How a name appears on /metrics depends on its kind (Prometheus' conventions, see
 `wok_contracts.metrics.series_names`): a counter `X` is exposed as `X_total`; a histogram `X` as
 `X_bucket`, `X_sum`, `X_count`.
+
+`vllm_series_only` (`wok runtime serve --as-vllm`) exposes what a vLLM 0.32 server would: only
+`wok_contracts.metrics.VLLM_SERIES`, with the queue-full rejections counted as vLLM counts its
+`--max-num-queued-reqs` refusals, and none of wok's own series (live batch cap, queue length,
+batch lane, rejections by wok's reasons).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ from wok_contracts.metrics import (
     REQUEST_SUCCESS,
     REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
     TIME_TO_FIRST_TOKEN_SECONDS,
+    VLLM_ADMISSION_REJECTIONS,
+    VLLM_SERIES,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +79,7 @@ class RuntimeMetrics:
         *,
         priorities: tuple[int, ...] = (),
         kv_memory: Any = None,
+        vllm_series_only: bool = False,
     ) -> None:
         """`kv_memory`: the runner's `KvMemory` (kv_memory.py); None (the simulated
         accelerator: no bytes) leaves the two KV byte gauges out."""
@@ -117,6 +125,17 @@ class RuntimeMetrics:
         for reason in (AUTH_MISSING, AUTH_INVALID):
             self._auth_failures.labels(model_name, reason)
         self.registry.register(_EngineGauges(self))
+        self._exposed: Any = self.registry
+        self._admission_rejections: Any = None
+        if vllm_series_only:
+            # vLLM's reason for a request over --max-num-queued-reqs (vllm/v1/metrics/loggers.py)
+            self._admission_rejections = Counter(
+                VLLM_ADMISSION_REJECTIONS,
+                "Number of admission attempts rejected by a queue limit, by reason.",
+                [MODEL_LABEL, "reason"],
+                registry=self.registry,
+            ).labels(model_name, "max_num_queued_reqs")
+            self._exposed = _Restricted(self.registry, VLLM_SERIES)
 
     def observe_step(self, step: Any) -> None:
         """The engine's on_step hook: one sample of the running batch size per step."""
@@ -159,6 +178,8 @@ class RuntimeMetrics:
 
     def reject(self, reason: str, lane: str = "online") -> None:
         self._rejected[lane].labels(self.model_name, reason).inc()
+        if reason == REJECT_QUEUE_FULL and self._admission_rejections is not None:
+            self._admission_rejections.inc()
 
     def auth_failed(self, reason: str) -> None:
         self._auth_failures.labels(self.model_name, reason).inc()
@@ -167,7 +188,26 @@ class RuntimeMetrics:
         """The /metrics body and its content type."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self._exposed), CONTENT_TYPE_LATEST
+
+
+class _Restricted:
+    """The samples of `registry` named in `names` (prometheus_client's own restricted registry
+    skips a collector that cannot describe itself, as `_EngineGauges`)."""
+
+    def __init__(self, registry: Any, names: frozenset[str]) -> None:
+        self._registry = registry
+        self._names = names
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.metrics_core import Metric
+
+        for metric in self._registry.collect():
+            samples = [s for s in metric.samples if s.name in self._names]
+            if samples:
+                kept = Metric(metric.name, metric.documentation, metric.type)
+                kept.samples = samples
+                yield kept
 
 
 class _EngineGauges:

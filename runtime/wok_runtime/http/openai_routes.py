@@ -220,6 +220,19 @@ def _add_probes(app: FastAPI, server: Server) -> None:
             return JSONResponse({"status": "starting"}, status_code=503)
         return p.Health(status="ready")
 
+    if config.as_vllm:
+
+        @app.get("/health", **probe)
+        async def health() -> Any:
+            """vLLM's one probe: 200 once the model has loaded, 503 once the engine died (vLLM
+            does not listen while it loads; here the port is open and answers 503)."""
+            failed = engine_failed()
+            if failed is not None:
+                return failed
+            if server.state.loading or not (server.state.ready or server.state.draining):
+                return JSONResponse({"status": "starting"}, status_code=503)
+            return p.Health(status="alive")
+
     @app.get("/metrics", tags=["metrics"], response_class=Response)
     async def metrics() -> Response:
         body, content_type = server.metrics.render()

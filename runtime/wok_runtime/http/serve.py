@@ -124,6 +124,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
             max_request_bytes=args.max_request_bytes,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,
+            as_vllm=args.as_vllm,
         )
         engine_config = EngineConfig(
             mode=args.mode,
@@ -148,9 +149,12 @@ def serve_from_args(args: argparse.Namespace) -> int:
             lambda: engine.stats(),
             priorities=priorities,
             kv_memory=getattr(runner, "kv_memory", None),
+            vllm_series_only=args.as_vllm,
         )
         engine = LLMEngine(runner, engine_config, on_step=metrics.observe_step)
         app = create_app(engine, config, metrics=metrics)
+        if args.as_vllm and config.admin_token is not None:
+            raise ValueError("--as-vllm: vLLM has no admin API (its batch is fixed at start)")
         if config.admin_token is None:
             log.warning(
                 "admin API disabled: no --admin-token-file and no WOK_ADMIN_TOKEN "

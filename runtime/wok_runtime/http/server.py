@@ -51,6 +51,7 @@ from wok_runtime.http.server_config import (
     PRIORITY_HEADER,
     SAMPLING_EPS,
     TENANT_HEADER,
+    VLLM_QUEUE_OVERFLOW,
     ServerConfig,
 )
 
@@ -251,6 +252,12 @@ class Server:
         for mailbox in mailboxes:
             mailbox.flush()
 
+    def _past_vllm_bound(self) -> bool:
+        """vLLM bounds the requests in flight, waiting and running (`--max-num-queued-reqs`, here
+        `--max-queue`), where wok's runtime bounds its waiting queue alone."""
+        stats = self.engine.stats()
+        return bool(stats.num_waiting + stats.num_running >= self.engine.config.max_queue)
+
     def _mailbox(self) -> _Mailbox:
         loop = asyncio.get_running_loop()
         with self._mailboxes_lock:
@@ -447,6 +454,9 @@ class Server:
                 type="service_unavailable",
                 code="loading",
             )
+        if self.config.as_vllm and self._past_vllm_bound():
+            self.metrics.reject(REJECT_QUEUE_FULL, lane=lane)
+            raise _vllm_overflow()
         tracked = _Tracked(self._mailbox(), self.metrics, lane)
         try:
             tracked.request_id = self.engine.add_request(
@@ -467,6 +477,8 @@ class Server:
             ) from error
         except QueueFullError as error:
             self.metrics.reject(REJECT_QUEUE_FULL, lane=lane)
+            if self.config.as_vllm:
+                raise _vllm_overflow() from error
             # Down to whole seconds, so that it stays within the queue timeout it is clipped to.
             retry = max(1, math.floor(error.retry_after_s))
             raise APIError(
@@ -557,3 +569,8 @@ class Server:
         finally:
             tracked.stop_watching()
             self.abort(tracked)
+
+
+def _vllm_overflow() -> APIError:
+    """vLLM's QueueOverflowError, word for word."""
+    return APIError(503, VLLM_QUEUE_OVERFLOW, type="service_unavailable", code="queue_overflow")

@@ -17,6 +17,11 @@ TENANT_HEADER = "x-wok-tenant"
 PREEMPTIONS_HEADER = "x-wok-preemptions"  # on non-streamed answers: times it was preempted
 QUEUE_TIME_HEADER = "x-wok-queue-seconds"  # on non-streamed answers: arrival to first step
 MAX_TENANT_LEN = 128
+#: vLLM 0.32's answer past `--max-num-queued-reqs` (vllm/exceptions.py, QueueOverflowError).
+VLLM_QUEUE_OVERFLOW = (
+    "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance."
+)
 #: 8 MiB: a million-token context as text or token ids, with room to spare. A body is parsed and
 #: validated on the event loop that answers the probes, so its size must have a bound.
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -56,6 +61,9 @@ class ServerConfig:
     # A request's headers, then its body, must arrive within these (http_limits.py).
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    # Answer as a vLLM 0.32 server does where wok's runtime differs: 503 past the queue bound
+    # (vLLM's --max-num-queued-reqs) and `/health` (`wok runtime serve --as-vllm`).
+    as_vllm: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
