@@ -80,3 +80,18 @@ def test_rows_that_do_not_cut_draw_from_the_tempered_softmax() -> None:
     probs = Sampler._filtered_probs(logits, params)
     torch.testing.assert_close(probs[0], torch.softmax(logits[0] / 0.7, dim=-1))
     assert int((probs[1] > 0).sum()) < 64 and abs(float(probs[1].sum()) - 1.0) < 1e-5
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_token_without_mass() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]]).repeat(500, 1)
+    cut = SamplingParams(temperature=1.0, top_k=3)  # the last token has no mass
+    sampler = Sampler(seed=0)
+    picks = [
+        token
+        for _ in range(8)
+        for token in sampler.sample(logits, [(f"r{i}", cut) for i in range(500)])
+    ]
+    counts = torch.bincount(torch.tensor(picks), minlength=4).float() / len(picks)
+    expected = torch.softmax(torch.tensor([2.0, 1.0, 0.5]), dim=-1)
+    assert counts[3] == 0
+    torch.testing.assert_close(counts[:3], expected, atol=0.02, rtol=0)
