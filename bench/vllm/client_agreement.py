@@ -60,10 +60,20 @@ COUNTERS = {
     "prompt": "vllm:prompt_tokens_total",
     "generation": "vllm:generation_tokens_total",
     "requests": "vllm:request_success_total",
+    "cached": "vllm:prefix_cache_hits_total",  # prompt tokens served from the prefix cache
 }
+#: Each client's own prompts: two runs with the same prompts would find them in the prefix cache.
+SEED_OFFSET = {"bench-http": 0, "vllm-bench": 1000, "vllm-bench-greedy": 2000}
 CLIENTS = ("bench-http", "vllm-bench", "vllm-bench-greedy")
 METRICS = ("output_tokens_per_s", "tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "ttft_p99_s")
-COUNTS = ("server_prompt_per_req", "server_output_per_req", "client_output_per_req")
+COUNTS = (
+    "server_prompt_per_req",
+    "server_cached_per_req",
+    "server_output_per_req",
+    "client_output_per_req",
+)
+CPU = ("server_cpu_ms_per_token", "client_cpu_ms_per_token")
+TICKS = os.sysconf("SC_CLK_TCK")
 BENCH_WOK = ["--dtype", "bfloat16", "--max-model-len", "512", "--kv-cache-bytes", str(1 << 30)]
 
 
@@ -120,8 +130,29 @@ def server_counts(before: dict[str, float], after: dict[str, float]) -> dict[str
     return {
         "server_requests": requests,
         "server_prompt_per_req": per("prompt"),
+        "server_cached_per_req": per("cached"),
         "server_output_per_req": per("generation"),
     }
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU of a process and its live descendants (vLLM's engine is a child)."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS)
+    tree = {root}
+    grown = True
+    while grown:
+        children = {pid for pid, (parent, _) in stats.items() if parent in tree} - tree
+        tree |= children
+        grown = bool(children)
+    return sum(stats[pid][1] for pid in tree if pid in stats)
 
 
 # --- the clients -------------------------------------------------------------------------------
@@ -176,6 +207,9 @@ class VllmBenchClient:
         process.kill()
         return -2
 
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self._start().pid)
+
     def run(self, url: str, model: str, requests: int, seed: int, extra: list[str]) -> dict:
         name = f"run-{time.monotonic_ns()}.json"
         argv = ["bench", "serve", "--base-url", url, "--model", model]
@@ -227,18 +261,34 @@ def vllm_report(result: dict[str, Any]) -> dict[str, Any]:
 def run_client(
     client: str, server: Server, vllm: VllmBenchClient, model: str, requests: int, seed: int
 ) -> dict[str, Any]:
+    """One run of `client`, with what the server counted and the CPU each side spent on it
+    (both share the machine's two cores: a client's CPU is taken from the server)."""
+    assert server.process is not None
+    seed += SEED_OFFSET[client]
     before = read_counters(server.url)
+    server_cpu = tree_cpu_seconds(server.process.pid)
     if client == "bench-http":
+        client_cpu = time.process_time()
         report = run_bench_http(server.url, requests, seed)
+        client_cpu = time.process_time() - client_cpu
     else:
         extra = ["--temperature", "0"] if client == "vllm-bench-greedy" else []
+        client_cpu = vllm.cpu_seconds()
         report = vllm.run(server.url, model, requests, seed, extra)
-    return report | server_counts(before, read_counters(server.url))
+        client_cpu = vllm.cpu_seconds() - client_cpu
+    server_cpu = tree_cpu_seconds(server.process.pid) - server_cpu
+    counts = server_counts(before, read_counters(server.url))
+    tokens = counts["server_output_per_req"] * counts["server_requests"]
+    per_token = {
+        "server_cpu_ms_per_token": server_cpu * 1e3 / tokens if tokens else None,
+        "client_cpu_ms_per_token": client_cpu * 1e3 / tokens if tokens else None,
+    }
+    return report | counts | per_token
 
 
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in (*METRICS, *COUNTS, "client_prompt_per_req"):
+    for key in (*METRICS, *COUNTS, *CPU, "client_prompt_per_req"):
         values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     return out | {"runs": runs}
@@ -308,13 +358,17 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _cpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(model: dict[str, Any]) -> list[str]:
     vllm = next((s for s in model["servers"] if s["name"] == "vllm"), None)
     lines = [
         "| server | client | tok/s | ratio to vLLM, same client | TPOT P50 / P99 | "
-        "TTFT P50 / P99 | server prompt tok/req | server output tok/req | client output "
-        "tok/req |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "TTFT P50 / P99 | server prompt tok/req (of them cached) | server output tok/req | "
+        "client output tok/req | CPU ms per output token, server / client |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for server in model["servers"]:
         for client, row in server["clients"].items():
@@ -324,8 +378,12 @@ def table(model: dict[str, Any]) -> list[str]:
                 f"| {server['name']} | {client} | {row['output_tokens_per_s']:.0f} | {ratio} "
                 f"| {_ms(row['tpot_p50_s'])} / {_ms(row['tpot_p99_s'])} "
                 f"| {_ms(row['ttft_p50_s'])} / {_ms(row['ttft_p99_s'])} "
-                f"| {_num(row['server_prompt_per_req'])} | {_num(row['server_output_per_req'])} "
-                f"| {_num(row['client_output_per_req'])} |"
+                f"| {_num(row['server_prompt_per_req'])} "
+                f"({_num(row.get('server_cached_per_req'))}) "
+                f"| {_num(row['server_output_per_req'])} "
+                f"| {_num(row['client_output_per_req'])} "
+                f"| {_cpu(row.get('server_cpu_ms_per_token'))} / "
+                f"{_cpu(row.get('client_cpu_ms_per_token'))} |"
             )
     return lines
 
