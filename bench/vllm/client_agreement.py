@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from runtime_vs_vllm import Server, free_port, log, vllm_server
+from runtime_vs_vllm import Server, free_port, log, vllm_server, vllm_version
 
 from wok_cluster.vllm_venv import default_venv, ensure_vllm
 from wok_runtime.core.builtin import ensure_builtin
@@ -446,18 +446,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", default=None, help="keep the servers' and clients' logs here")
     args = parser.parse_args(argv)
     vllm_python = ensure_vllm(Path(args.vllm_venv))
-    version = subprocess.run(
-        [str(vllm_python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
     report: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs shared with other work, "
         f"load average {os.getloadavg()[0]:.1f} at start",
         "command": shlex.join(["python", "bench/vllm/client_agreement.py", *sys.argv[1:]]),
-        "vllm": f"vllm {version[0]} on torch {version[1]}",
+        "vllm": vllm_version(vllm_python),
         "reps": args.reps,
         "requests": args.requests,
         "models": [],
