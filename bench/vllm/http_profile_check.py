@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime_vs_vllm import Server, log, vllm_server, wok_server
+from runtime_vs_vllm import Server, log, vllm_server, vllm_version, wok_server
 
 from wok_cluster.vllm_venv import VLLM_WHEEL, ensure_vllm
 from wok_contracts.profile import StepProfile, load_profile
@@ -224,12 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir = ensure_builtin("tiny")
     python = ensure_vllm()
-    version = subprocess.run(
-        [str(python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
     out = Path(args.out)
     servers = []
     with tempfile.TemporaryDirectory(prefix="wok-http-profile-") as tmp:
@@ -251,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             ["python", "bench/vllm/http_profile_check.py", *(argv or sys.argv[1:])]
         ),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-        "vllm": f"{VLLM_WHEEL}: vllm {version[0]} on torch {version[1]}",
+        "vllm": f"{VLLM_WHEEL}: {vllm_version(python)}",
         "servers": servers,
     }
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")

@@ -355,6 +355,17 @@ def side_by_side_bars(
         ax.legend()
 
 
+def vllm_version(python: Path) -> str:
+    """`vllm X on torch Y`, as the venv's python reports them."""
+    version = subprocess.run(
+        [str(python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return f"vllm {version[0]} on torch {version[1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2-135m"])
@@ -373,17 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     vllm_python = ensure_vllm(Path(args.vllm_venv))
     if args.install_only:
         return 0
-    version = subprocess.run(
-        [str(vllm_python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
     report: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs shared with other work",
         "command": shlex.join(["python", "bench/vllm/runtime_vs_vllm.py", *sys.argv[1:]]),
-        "vllm": f"vllm {version[0]} on torch {version[1]}",
+        "vllm": vllm_version(vllm_python),
         "reps": args.reps,
         "models": [],
     }

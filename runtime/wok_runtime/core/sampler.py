@@ -60,22 +60,51 @@ class Sampler:
                 result[i] = t
         if sampled:
             probs = self._filtered_probs(logits[sampled], [requests[i][1] for i in sampled])
-            for row, i in enumerate(sampled):
-                request_id, params = requests[i]
-                gen = self._generator(request_id, params, logits.device)
-                result[i] = int(torch.multinomial(probs[row], 1, generator=gen).item())
+            device = logits.device
+            draws = torch.cat(
+                [
+                    torch.rand(1, generator=self._generator(*requests[i], device), device=device)
+                    for i in sampled
+                ]
+            )
+            for i, token in zip(sampled, self._inverse_cdf(probs, draws), strict=True):
+                result[i] = token
         return result
+
+    @staticmethod
+    def _inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> list[int]:
+        """A token per row: the first whose cumulative probability passes the row's uniform draw
+        (S,). One cumsum for the batch: `torch.multinomial` row by row took 1.8 ms a step of 8
+        rows at an 8k vocabulary on the CPU and 14 ms at 49k; this takes 0.07 and 0.34 ms."""
+        cdf = probs.cumsum(dim=-1)  # (S, vocab)
+        # Scaled by the row's own total, so that rounding in the sum never points past the last
+        # token with mass; `right` skips tokens without mass (their cdf does not rise).
+        targets = draws.unsqueeze(1) * cdf[:, -1:]
+        return torch.searchsorted(cdf, targets, right=True).view(-1).tolist()
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Probabilities after temperature, top-k and top-p, for every row at once. (S, vocab)"""
+        temps = torch.tensor([p.temperature for p in params], device=logits.device)  # (S,)
+        logits = logits / temps.unsqueeze(1)
+        vocab = logits.shape[-1]
+        # Only the rows that cut go through the sort: sorting the vocabulary costs more than a
+        # small model's whole step on the CPU (bench/vllm/results/client_agreement.md), and a
+        # client that sets no top-k / top-p (OpenAI's defaults) needs none.
+        cut = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0]
+        probs = torch.softmax(logits, dim=-1)
+        if cut:
+            probs[cut] = Sampler._cut_probs(logits[cut], [params[i] for i in cut])
+        return probs
+
+    @staticmethod
+    def _cut_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Probabilities of tempered logits after top-k, then top-p. (C, vocab)"""
         device = logits.device
         vocab = logits.shape[-1]
-        temps = torch.tensor([p.temperature for p in params], device=device)  # (S,)
-        logits = logits / temps.unsqueeze(1)
         top_ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-        top_ps = torch.tensor([p.top_p for p in params], device=device)  # (S,)
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (S, vocab)
+        top_ps = torch.tensor([p.top_p for p in params], device=device)  # (C,)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (C, vocab)
         ranks = torch.arange(vocab, device=device).unsqueeze(0)  # (1, vocab)
         drop = ranks >= top_ks.clamp(max=vocab).unsqueeze(1)
         sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
