@@ -97,6 +97,19 @@ def run_hourly(scale: float, seed: int) -> dict:
     }
 
 
+def wok_runs_from(path: Path, done: set[str]) -> list[dict]:
+    """wok's runs in a `bench/daytrace.py` JSON (the same simulation, `daytrace.run_job`),
+    keyed as this script keys them, those not in `done`."""
+    stored = json.loads(path.read_text())
+    scale = stored.get("scale", 1.0)
+    runs = [
+        r | {"key": key(WOK, scale, r["seed"]), "scale": scale}
+        for r in stored["runs"]
+        if r["policy"] == WOK
+    ]
+    return [r for r in runs if r["key"] not in done]
+
+
 def run_one(policy: str, scale: float, seed: int) -> dict:
     return (run_hourly if policy == HOURLY else run_wok)(scale, seed)
 
@@ -271,6 +284,11 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated")
     parser.add_argument("--policies", default=f"{HOURLY},{WOK}", help="which to run")
     parser.add_argument("--jobs", type=int, default=2, help="parallel simulations")
+    parser.add_argument(
+        "--wok-from",
+        default="",
+        help="PATH[,PATH…]: take wok's runs from bench/daytrace.py's JSONs, not run them again",
+    )
     parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
     parser.add_argument("--out", type=Path, default=OUT, help="the JSON (.md, .png beside it)")
     args = parser.parse_args()
@@ -281,14 +299,17 @@ def main() -> int:
         render(runs, stored.get("command", command), args.out)
         print(args.out.with_suffix(".md").read_text())
         return 0
+    for path in filter(None, args.wok_from.split(",")):
+        runs += wok_runs_from(Path(path), {r["key"] for r in runs})
     done = {r["key"] for r in runs}
     todo = [  # seed by seed, so that a stopped run leaves whole seeds at each scale
         (policy, float(scale), int(seed))
         for seed in args.seeds.split(",")
         for scale in args.scales.split(",")
-        for policy in args.policies.split(",")
+        for policy in filter(None, args.policies.split(","))
         if key(policy, float(scale), int(seed)) not in done
     ]
+    write(runs, command, args.out)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_one, *job) for job in todo]
         for future in tqdm(as_completed(futures), total=len(futures), desc="days", file=sys.stderr):
