@@ -98,15 +98,14 @@ def run_hourly(scale: float, seed: int) -> dict:
 
 
 def wok_runs_from(path: Path, done: set[str]) -> list[dict]:
-    """wok's runs in a `bench/daytrace.py` JSON (the same simulation, `daytrace.run_job`),
-    keyed as this script keys them, those not in `done`."""
+    """wok's runs in a `bench/daytrace.py` JSON (the same simulation, `daytrace.run_job`) or in
+    another of this script's, keyed as this script keys them, those not in `done`."""
     stored = json.loads(path.read_text())
-    scale = stored.get("scale", 1.0)
-    runs = [
-        r | {"key": key(WOK, scale, r["seed"]), "scale": scale}
-        for r in stored["runs"]
-        if r["policy"] == WOK
-    ]
+    runs = []
+    for r in stored["runs"]:
+        scale = r.get("scale", stored.get("scale", 1.0))  # this script's runs carry their own
+        if r["policy"] == WOK:
+            runs.append(r | {"key": key(WOK, scale, r["seed"]), "scale": scale})
     return [r for r in runs if r["key"] not in done]
 
 
