@@ -6,8 +6,10 @@ that serve that hour's requests at ≥ 99 % within the SLOs, given the hours bef
 the hour, and every pod it adds pays the 90 s pod start (pending, billed from its creation).
 Each hour is searched on a window of the day (5 minutes of the previous hour's fleet before it,
 2 minutes of the next hour's arrivals after it); the chosen schedule then runs over the whole day
-once, and that run's attainment and GPU-hours are the ones reported (each hour's attainment in
-the window and in the day are kept side by side). wok runs with its defaults on the same seeds
+once, and where that day serves an hour under 99 % (its window's warm-up is not the day's
+state), that hour gets one pod more and the day runs again; the last day's attainment and
+GPU-hours are the ones reported (each hour's attainment in its window and in the first day are
+kept side by side). wok runs with its defaults on the same seeds
 (`bench/daytrace.py`'s simulation). The conditions are the day's (`daytrace.condition`: 90 s pod
 start, TTFT 2 s, TPOT 0.1 s, scored from 300 s).
 
@@ -33,8 +35,15 @@ from daytrace import run_job as run_daytrace_job
 from tqdm import tqdm
 
 from wok_sim.evaluate import WARM_UP_S, Job, context
-from wok_sim.fleet import FleetConfig
-from wok_sim.hourly_fleet import HOUR_S, HourlySearch, hourly_rows, hours_of
+from wok_sim.fleet import FleetConfig, FleetRun
+from wok_sim.hourly_fleet import (
+    HOUR_S,
+    HourDecision,
+    HourFleet,
+    HourlySearch,
+    hourly_rows,
+    hours_of,
+)
 from wok_sim.report import Slos, summarize
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,19 +61,34 @@ def run_wok(scale: float, seed: int) -> dict:
     return run | {"key": key(WOK, scale, seed), "scale": scale}
 
 
-def run_hourly(scale: float, seed: int) -> dict:
-    """The hourly fleet's search, then its schedule over the whole day."""
+def day_search(scale: float, seed: int) -> HourlySearch:
     cond = condition(scale)
     ctx = context(cond, seed, warm_start_fleet=False)
-    slos = Slos(ctx.slo_ttft_s, ctx.slo_tpot_s)
     config = FleetConfig(
         profile=ctx.profile, cold_start_s=cond.cold_start_s, seed=seed, score_from_s=WARM_UP_S
     )
-    search = HourlySearch(ctx.requests, config, slos, ctx.max_replicas)
+    return HourlySearch(
+        ctx.requests, config, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s), ctx.max_replicas
+    )
+
+
+def day_figures(search: HourlySearch, run: FleetRun) -> dict:
+    result = summarize("hourly-fleet", run, search.slos)
+    return {
+        "attainment": round(result.slo_attainment, 6),
+        "gpu_hours": round(result.gpu_hours, 4),
+        "requests": result.requests,
+        "sim_s": round(run.wall_seconds, 1),
+    }
+
+
+def run_hourly(scale: float, seed: int) -> dict:
+    """The hourly fleet's search, then its schedule over the whole day, settled."""
+    search = day_search(scale, seed)
     started = time.perf_counter()
 
-    def told(hour: int, decision: object) -> None:
-        fleet = decision.fleet  # type: ignore[attr-defined]
+    def told(hour: int, decision: HourDecision) -> None:
+        fleet = decision.fleet
         print(
             f"  ×{scale:g} seed {seed} {hour:02d}:00: {fleet.replicas} pods B{fleet.batch}",
             file=sys.stderr,
@@ -74,8 +98,7 @@ def run_hourly(scale: float, seed: int) -> dict:
     decisions = search.day(told)
     search_s = time.perf_counter() - started
     run = search.run_day([d.fleet for d in decisions])
-    result = summarize("hourly-fleet", run, slos)
-    rows = hourly_rows(run, slos, hours_of(ctx.requests))
+    rows = hourly_rows(run, search.slos, hours_of(search.requests))
     for row, d in zip(rows, decisions, strict=True):
         row |= {
             "replicas": d.fleet.replicas,
@@ -83,30 +106,60 @@ def run_hourly(scale: float, seed: int) -> dict:
             "window": round(d.probes[d.fleet], 6),
             "probes": [[f.replicas, f.batch, round(a, 6)] for f, a in d.probes.items()],
         }
-    return {
+    searched = {
         "key": key(HOURLY, scale, seed),
         "policy": HOURLY,
         "scale": scale,
         "seed": seed,
-        "attainment": round(result.slo_attainment, 6),
-        "gpu_hours": round(result.gpu_hours, 4),
-        "requests": result.requests,
+        **day_figures(search, run),
         "search_s": round(search_s, 1),
-        "sim_s": round(run.wall_seconds, 1),
         "hourly": rows,
+    }
+    return settled(searched, search)
+
+
+def _share(row: dict) -> float:
+    return row["met"] / row["arrived"] if row["arrived"] else 1.0
+
+
+def settled(searched: dict, search: HourlySearch | None = None) -> dict:
+    """A searched hourly fleet after `HourlySearch.settle`: one pod more in each hour that the
+    whole day served under 99 % (`added`), and the day's figures from its last run. Each hour
+    keeps its attainment in the first whole day (`day_searched`) beside its window's."""
+    search = search or day_search(searched["scale"], searched["seed"])
+    rows = [r | {"day_searched": round(_share(r), 6)} for r in searched["hourly"]]
+    fleets = [HourFleet(r["replicas"], r["batch"]) for r in rows]
+    final, run = search.settle(fleets, [_share(r) for r in rows])
+    if run is None:
+        return searched | {"hourly": rows, "added": []}
+    fresh = hourly_rows(run, search.slos, len(rows))
+    return searched | {
+        **day_figures(search, run),
+        "added": [h for h, (a, b) in enumerate(zip(fleets, final, strict=True)) if a != b],
+        "hourly": [
+            old | new | {"replicas": f.replicas}
+            for old, new, f in zip(rows, fresh, final, strict=True)
+        ],
     }
 
 
-def wok_runs_from(path: Path, done: set[str]) -> list[dict]:
-    """wok's runs in a `bench/daytrace.py` JSON (the same simulation, `daytrace.run_job`) or in
-    another of this script's, keyed as this script keys them, those not in `done`."""
+def runs_from(path: Path, runs: list[dict]) -> list[dict]:
+    """`runs` with those of another JSON: wok's runs of a `bench/daytrace.py` JSON (the same
+    simulation, `daytrace.run_job`), keyed as this script keys them, and any run of another of
+    this script's JSONs. A run already there stays, unless the other is the settled hourly fleet
+    of the same day and it is not."""
     stored = json.loads(path.read_text())
-    runs = []
+    by_key = {r["key"]: r for r in runs}
     for r in stored["runs"]:
-        scale = r.get("scale", stored.get("scale", 1.0))  # this script's runs carry their own
-        if r["policy"] == WOK:
-            runs.append(r | {"key": key(WOK, scale, r["seed"]), "scale": scale})
-    return [r for r in runs if r["key"] not in done]
+        if "scale" not in r:  # bench/daytrace.py's, whose scale is the file's
+            if r["policy"] != WOK:
+                continue
+            scale = stored.get("scale", 1.0)
+            r = r | {"key": key(WOK, scale, r["seed"]), "scale": scale}
+        mine = by_key.get(r["key"])
+        if mine is None or ("added" in r and "added" not in mine):
+            by_key[r["key"]] = r
+    return list(by_key.values())
 
 
 def run_one(policy: str, scale: float, seed: int) -> dict:
@@ -132,15 +185,16 @@ def share(hourly: dict, wok: dict) -> float:
     return wok["gpu_hours"] / hourly["gpu_hours"]
 
 
-def window_gap(run: dict) -> tuple[float, int]:
-    """The largest difference between an hour's attainment in its search window and in the
-    whole day, in points, and the hours under 99 % in the whole day."""
+def window_gap(run: dict) -> tuple[float, int, list[int]]:
+    """The largest difference, in points, between an hour's attainment in its search window and
+    in the first whole day on the searched schedule; the hours that day served under 99 %; the
+    hours given a pod more for them (`settled`)."""
     gaps, under = [], 0
     for row in run["hourly"]:
-        day = row["met"] / max(1, row["arrived"])
+        day = row.get("day_searched", row["met"] / max(1, row["arrived"]))
         gaps.append(abs(row["window"] - day))
         under += day < GOAL_ATTAINMENT
-    return 100 * max(gaps), under
+    return 100 * max(gaps), under, run.get("added", [])
 
 
 def markdown(runs: list[dict], command: str) -> str:
@@ -156,7 +210,8 @@ def markdown(runs: list[dict], command: str) -> str:
         "it at ≥ 99 % within every SLO, given the hours before (searched hour by hour on a "
         "window of the day, by bisection); switched on the hour, added pods pending for the pod "
         "start and billed from their creation, removed pods draining. Its figures are those of "
-        "one whole-day simulation of the chosen schedule. wok: its defaults "
+        "a whole-day simulation of the chosen schedule (where the first served an hour under "
+        "99 %, with one pod more in that hour, run again). wok: its defaults "
         "(`bench/daytrace.py`'s simulation).",
         "",
     ]
@@ -192,25 +247,37 @@ def markdown(runs: list[dict], command: str) -> str:
             f"over the seeds): {'**met**' if met else '**not met**'} "
             f"({_pct(wok_att)} % at {100 * ratio:.1f} %).",
             "",
-            "The search's windows against the whole day (points of attainment, largest "
-            "difference over the hours; hours under 99 % in the whole day): "
-            + "; ".join("seed {}: {:.2f}, {}".format(h["seed"], *window_gap(h)) for h, _ in both)
+            "The search's windows against the first whole day on the searched schedule "
+            "(largest difference over the hours, in points; the hours that day served under "
+            "99 %, each given one pod more before the whole day ran again): "
+            + "; ".join(
+                "seed {}: {:.2f}, {} ({})".format(
+                    h["seed"], gap, under, ", ".join(f"{a:02d}:00" for a in added) or "none"
+                )
+                for h, _ in both
+                for gap, under, added in [window_gap(h)]
+            )
             + ".",
             "",
-            f"Hour by hour, seed {both[0][0]['seed']}: the hourly fleet's pods and B, its "
-            "attainment in the search's window and in the whole day, the window's attainment "
-            "with one pod fewer; wok's ready + pending pods (hourly mean).",
+            f"Hour by hour, seed {both[0][0]['seed']}: the hourly fleet's pods and B (+1: "
+            "one more than the search found, where the whole day served the hour under 99 %), "
+            "its attainment in the search's window, in the first whole day and in the reported "
+            "one, the window's attainment with one pod fewer than the search found; wok's ready "
+            "+ pending pods (hourly mean) and attainment.",
             "",
-            "| hour | arrivals/s | pods | window % | day % | one fewer, window % | wok pods "
-            "| wok % |",
-            "|---|---|---|---|---|---|---|---|",
+            "| hour | arrivals/s | pods | window % | first day % | day % | one fewer, window % "
+            "| wok pods | wok % |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         h0, w0 = both[0]
         for hour, (row, wrow) in enumerate(zip(h0["hourly"], w0["hourly"], strict=False)):
-            fewer = [a for n, _, a in row["probes"] if n == row["replicas"] - 1]
+            added = hour in h0.get("added", [])
+            searched = row["replicas"] - added
+            fewer = [a for n, _, a in row["probes"] if n == searched - 1]
             lines.append(
                 f"| {hour:02d}:00 | {row['arrived'] / HOUR_S:.1f} | {row['replicas']} "
-                f"B{row['batch']} | {_pct(row['window'])} "
+                f"B{row['batch']}{' (+1)' if added else ''} | {_pct(row['window'])} "
+                f"| {_pct(row.get('day_searched', row['met'] / max(1, row['arrived'])))} "
                 f"| {_pct(row['met'] / max(1, row['arrived']))} "
                 f"| {_pct(max(fewer)) if fewer else '-'} "
                 f"| {wrow['ready'] + wrow['pending']:.2f} "
@@ -284,9 +351,13 @@ def main() -> int:
     parser.add_argument("--policies", default=f"{HOURLY},{WOK}", help="which to run")
     parser.add_argument("--jobs", type=int, default=2, help="parallel simulations")
     parser.add_argument(
-        "--wok-from",
+        "--runs-from",
         default="",
-        help="PATH[,PATH…]: take wok's runs from bench/daytrace.py's JSONs, not run them again",
+        help="PATH[,PATH…]: take wok's runs from bench/daytrace.py's JSONs, and the runs of "
+        "other JSONs of this script (a settled hourly fleet replaces one not settled)",
+    )
+    parser.add_argument(
+        "--settle", action="store_true", help="settle the stored hourly fleets not settled yet"
     )
     parser.add_argument("--render", action="store_true", help="no simulation: rewrite from JSON")
     parser.add_argument("--out", type=Path, default=OUT, help="the JSON (.md, .png beside it)")
@@ -294,12 +365,18 @@ def main() -> int:
     stored = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": []}
     runs: list[dict] = stored["runs"]
     command = "nice -n 5 .venv/bin/python bench/hourly_fleet.py " + " ".join(sys.argv[1:])
+    for path in filter(None, args.runs_from.split(",")):
+        runs = runs_from(Path(path), runs)
     if args.render:
-        render(runs, stored.get("command", command), args.out)
+        write(runs, stored.get("command", command), args.out)
         print(args.out.with_suffix(".md").read_text())
         return 0
-    for path in filter(None, args.wok_from.split(",")):
-        runs += wok_runs_from(Path(path), {r["key"] for r in runs})
+    if args.settle:  # only that: the searches and wok's days run without it
+        for i, run in enumerate(tqdm(runs, desc="settle", file=sys.stderr)):
+            if run["policy"] == HOURLY and "added" not in run:
+                runs[i] = settled(run)
+                write(runs, command, args.out)
+        return 0
     done = {r["key"] for r in runs}
     todo = [  # seed by seed, so that a stopped run leaves whole seeds at each scale
         (policy, float(scale), int(seed))

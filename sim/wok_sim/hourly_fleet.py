@@ -12,10 +12,12 @@ simulating only a window of the day, from `WARM_UP_S` before its start (the prev
 ready, so that queues and the pods' batches are what the boundary finds) to `LOOK_AHEAD_S` after
 its end (the next hour's first arrivals, which the hour's last requests share the pods with), and
 scoring the requests that arrive within the hour. The caller then simulates the whole day on the
-chosen schedule once and reports that; the per-hour attainments of both are kept side by side so
-that a difference shows. The pod count is bisected as the static frontier's is (`FleetSearch`):
-attainment does not fall as pods are added, up to the routing draw. At each count the batches are
-tried in order until one reaches the target (the count's attainment is its best B's).
+chosen schedule and reports that; the per-hour attainments of both are kept side by side so that
+a difference shows, and where the day serves an hour under the target that its window reached,
+that hour gets one pod more and the day runs again (`settle`, at most `MAX_ROUNDS` days). The pod
+count is bisected as the static frontier's is (`FleetSearch`): attainment does not fall as pods
+are added, up to the routing draw. At each count the batches are tried in order until one
+reaches the target (the count's attainment is its best B's).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ TARGET = 0.99
 BATCHES = (64,)
 WARM_UP_S = 300.0  # the previous hour's fleet before the hour decided: longer than a pod start
 LOOK_AHEAD_S = 120.0  # the next hour's arrivals after it, on the decided hour's fleet
+MAX_ROUNDS = 3  # whole days that add a pod where the day serves an hour under its window
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,31 @@ class HourlySearch:
         """The whole day on the schedule, as the day's other policies run."""
         policy = ScheduledPolicy("hourly-fleet", schedule_steps(fleets, self.hour_s))
         return simulate_fleet(list(self.requests), policy, self.config)
+
+    def hour_shares(self, run: FleetRun) -> list[float]:
+        """Each hour's attainment in a whole day's run (its records start where it scores)."""
+        hours = range(hours_of(self.requests, self.hour_s))
+        return [met_share(run, self.slos, h * self.hour_s, (h + 1) * self.hour_s) for h in hours]
+
+    def settle(
+        self, fleets: Sequence[HourFleet], shares: Sequence[float], *, rounds: int = MAX_ROUNDS
+    ) -> tuple[list[HourFleet], FleetRun | None]:
+        """Where the whole day serves an hour under the target though its window reached it (the
+        window's warm-up is not the day's state), one pod more in that hour, and the whole day
+        again, until every hour reaches it (at most `rounds` times). `shares`: each hour's
+        attainment in the day's run of `fleets`. The last run, or None where none was needed."""
+        fleets, run = list(fleets), None
+        for _ in range(rounds):
+            under = {h for h, share in enumerate(shares) if share < self.target}
+            if not under:
+                break
+            fleets = [
+                replace(f, replicas=f.replicas + 1) if h in under else f
+                for h, f in enumerate(fleets)
+            ]
+            run = self.run_day(fleets)
+            shares = self.hour_shares(run)
+        return fleets, run
 
 
 def hourly_rows(run: FleetRun, slos: Slos, hours: int, hour_s: float = HOUR_S) -> list[dict]:

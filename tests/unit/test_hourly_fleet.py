@@ -128,3 +128,17 @@ def test_the_search_finds_one_pod_for_the_quiet_period_and_a_static_fleets_count
     for period, d in enumerate(decisions):
         day = met_share(run, SLOS, period * PERIOD_S, (period + 1) * PERIOD_S)
         assert day == pytest.approx(d.probes[d.fleet], abs=0.01)
+
+
+def test_settle_adds_a_pod_where_the_whole_day_served_an_hour_under_the_target():
+    search = HourlySearch(
+        two_periods(), FleetConfig(PROFILE, cold_start_s=0.0), SLOS, 8, hour_s=PERIOD_S
+    )
+    fleets = [HourFleet(1, 16), HourFleet(1, 16)]  # one pod cannot serve the busy period
+    assert search.settle(fleets, [1.0, 0.995]) == (fleets, None)  # every hour at 99 %: no run
+    settled, run = search.settle(fleets, [1.0, 0.5], rounds=1)
+    assert settled == [HourFleet(1, 16), HourFleet(2, 16)]
+    assert run is not None
+    assert max(t.desired for t in run.timeline) == 2
+    shares = search.hour_shares(run)
+    assert shares[0] == pytest.approx(1.0) and shares[1] >= 0.98

@@ -76,21 +76,34 @@ def test_the_goal_is_judged_on_the_means_of_the_seeds_both_ran(bench: ModuleType
 
 def test_the_window_gap_is_the_largest_hour_and_counts_the_hours_under_99(bench: ModuleType):
     rows = hours([1, 2, 2], [100, 98, 99], [0.999, 0.99, 0.9905])
-    gap, under = bench.window_gap({"hourly": rows})
+    gap, under, added = bench.window_gap({"hourly": rows})
     assert gap == pytest.approx(1.0)  # 99 % in the window, 98 % in the day
-    assert under == 1
+    assert (under, added) == (1, [])
+    rows[1] |= {"day_searched": 0.985, "met": 100, "replicas": 3}  # settled: one pod more
+    gap, under, added = bench.window_gap({"hourly": rows, "added": [1]})
+    assert gap == pytest.approx(0.5)  # against the first day, not the settled one
+    assert (under, added) == (1, [1])
 
 
-def test_wok_runs_are_taken_from_a_daytrace_json_with_its_scale(bench: ModuleType, tmp_path):
-    path = tmp_path / "daytrace_x3.json"
-    stored = {
-        "scale": 3.0,
-        "runs": [
-            {"key": "wok/0/0", "policy": "wok", "seed": 0, "gpu_hours": 1.0},
-            {"key": "static/7064/0", "policy": "static", "seed": 0, "gpu_hours": 2.0},
-        ],
-    }
-    path.write_text(json.dumps(stored))
-    taken = bench.wok_runs_from(path, set())
-    assert [(r["key"], r["scale"], r["gpu_hours"]) for r in taken] == [("wok/x3/0", 3.0, 1.0)]
-    assert bench.wok_runs_from(path, {"wok/x3/0"}) == []
+def test_runs_from_takes_daytraces_wok_and_prefers_a_settled_hourly_fleet(bench, tmp_path):
+    daytrace = tmp_path / "daytrace_x3.json"
+    daytrace.write_text(
+        json.dumps(
+            {
+                "scale": 3.0,
+                "runs": [
+                    {"key": "wok/0/0", "policy": "wok", "seed": 0, "gpu_hours": 1.0},
+                    {"key": "static/7064/0", "policy": "static", "seed": 0, "gpu_hours": 2.0},
+                ],
+            }
+        )
+    )
+    runs = bench.runs_from(daytrace, [])
+    assert [(r["key"], r["scale"], r["gpu_hours"]) for r in runs] == [("wok/x3/0", 3.0, 1.0)]
+    assert bench.runs_from(daytrace, runs) == runs
+    searched = run(bench, "hourly", 0, 0.995, 40.0, [])
+    other = tmp_path / "hourly_fleet.json"
+    other.write_text(json.dumps({"runs": [searched | {"gpu_hours": 41.0, "added": [3]}]}))
+    merged = bench.runs_from(other, [searched])
+    assert [(r["gpu_hours"], r["added"]) for r in merged] == [(41.0, [3])]
+    assert bench.runs_from(daytrace, merged)[0]["gpu_hours"] == 41.0
