@@ -129,7 +129,7 @@ def settled(searched: dict, search: HourlySearch | None = None) -> dict:
     search = search or day_search(searched["scale"], searched["seed"])
     rows = [r | {"day_searched": round(_share(r), 6)} for r in searched["hourly"]]
     fleets = [HourFleet(r["replicas"], r["batch"]) for r in rows]
-    final, run = search.settle(fleets, [_share(r) for r in rows])
+    final, run = search.settle(fleets, [_share(r) for r in rows], [r["window"] for r in rows])
     if run is None:
         return searched | {"hourly": rows, "added": []}
     fresh = hourly_rows(run, search.slos, len(rows))

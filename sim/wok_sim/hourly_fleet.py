@@ -30,7 +30,7 @@ from functools import cached_property
 
 from wok_contracts.traces import TraceRequest, cut_window
 from wok_sim.fleet import FleetConfig, FleetRun, simulate_fleet
-from wok_sim.fleet_search import FleetSearch
+from wok_sim.fleet_search import PLATEAU, FleetSearch
 from wok_sim.report import Slos, slo_hits
 from wok_sim.scheduled_policy import ScheduledPolicy, Step
 
@@ -68,9 +68,10 @@ def fewest_pods(
     target: float = TARGET,
 ) -> HourDecision:
     """The fewest pods (at the first of `batches` that reaches `target` there) whose `attain`
-    reaches `target`, by bisection from `guess`; where no count does, the count that serves
-    most (the fewest of those)."""
-    search = FleetSearch(max_replicas, guess, low=target, high=target, plateau=0.0)
+    reaches `target`, by bisection from `guess`. Where no count does (an hour whose first pod
+    start costs more than the target leaves), the fewest within `PLATEAU` of the largest fleet's,
+    as the static frontier's search ends: more pods buy nothing there but the routing draw."""
+    search = FleetSearch(max_replicas, guess, low=target, high=target)
     probes: dict[HourFleet, float] = {}
     best_batch: dict[int, int] = {}
     while pods := search.next_probes():
@@ -85,7 +86,8 @@ def fewest_pods(
             search.add(n, best)
     seen = search.seen
     reaching = [n for n, a in seen.items() if a >= target]
-    n = min(reaching) if reaching else max(seen, key=lambda k: (seen[k], -k))
+    top = seen.get(max_replicas, target) - PLATEAU
+    n = min(reaching) if reaching else min(k for k, a in seen.items() if a >= top)
     return HourDecision(HourFleet(n, best_batch[n]), probes)
 
 
@@ -176,15 +178,26 @@ class HourlySearch:
         return [met_share(run, self.slos, h * self.hour_s, (h + 1) * self.hour_s) for h in hours]
 
     def settle(
-        self, fleets: Sequence[HourFleet], shares: Sequence[float], *, rounds: int = MAX_ROUNDS
+        self,
+        fleets: Sequence[HourFleet],
+        shares: Sequence[float],
+        windows: Sequence[float],
+        *,
+        rounds: int = MAX_ROUNDS,
     ) -> tuple[list[HourFleet], FleetRun | None]:
         """Where the whole day serves an hour under the target though its window reached it (the
         window's warm-up is not the day's state), one pod more in that hour, and the whole day
-        again, until every hour reaches it (at most `rounds` times). `shares`: each hour's
-        attainment in the day's run of `fleets`. The last run, or None where none was needed."""
+        again, until every such hour reaches it (at most `rounds` times). `shares`: each hour's
+        attainment in the day's run of `fleets`; `windows`: in its search window (an hour no
+        fleet reached the target in is left as searched). The last run, or None where none was
+        needed."""
         fleets, run = list(fleets), None
         for _ in range(rounds):
-            under = {h for h, share in enumerate(shares) if share < self.target}
+            under = {
+                h
+                for h, (share, window) in enumerate(zip(shares, windows, strict=True))
+                if share < self.target <= window
+            }
             if not under:
                 break
             fleets = [

@@ -75,11 +75,12 @@ def test_fewest_pods_tries_the_next_batch_where_the_first_misses():
     assert decision.probes[HourFleet(1, 32)] == 0.9
 
 
-def test_fewest_pods_where_none_reaches_the_target_takes_the_best():
-    decision = fewest_pods(
-        lambda f: min(0.75, 0.25 * f.replicas), guess=1, max_replicas=4, batches=(64,)
-    )
-    assert decision.fleet == HourFleet(3, 64)
+def test_fewest_pods_where_none_reaches_the_target_takes_the_fewest_near_the_largest():
+    def attain(f: HourFleet) -> float:  # a plateau under the target, with the routing's noise
+        return min(0.95, 0.3 * f.replicas) + 0.001 * (f.replicas % 2)
+
+    decision = fewest_pods(attain, guess=2, max_replicas=32, batches=(64,))
+    assert decision.fleet == HourFleet(4, 64)  # 0.95 at 4, within 0.5 points of 32's 0.95
 
 
 def two_periods() -> list:
@@ -135,8 +136,10 @@ def test_settle_adds_a_pod_where_the_whole_day_served_an_hour_under_the_target()
         two_periods(), FleetConfig(PROFILE, cold_start_s=0.0), SLOS, 8, hour_s=PERIOD_S
     )
     fleets = [HourFleet(1, 16), HourFleet(1, 16)]  # one pod cannot serve the busy period
-    assert search.settle(fleets, [1.0, 0.995]) == (fleets, None)  # every hour at 99 %: no run
-    settled, run = search.settle(fleets, [1.0, 0.5], rounds=1)
+    windows = [1.0, 0.995]  # each hour at 99 % in its window
+    assert search.settle(fleets, [1.0, 0.995], windows) == (fleets, None)  # and in the day
+    assert search.settle(fleets, [1.0, 0.5], [1.0, 0.6]) == (fleets, None)  # reached nowhere
+    settled, run = search.settle(fleets, [1.0, 0.5], windows, rounds=1)
     assert settled == [HourFleet(1, 16), HourFleet(2, 16)]
     assert run is not None
     assert max(t.desired for t in run.timeline) == 2
