@@ -248,8 +248,9 @@ def markdown(runs: list[dict], command: str) -> str:
             f"({_pct(wok_att)} % at {100 * ratio:.1f} %).",
             "",
             "The search's windows against the first whole day on the searched schedule "
-            "(largest difference over the hours, in points; the hours that day served under "
-            "99 %, each given one pod more before the whole day ran again): "
+            "(the largest difference over the hours, in points; how many hours that day served "
+            "under 99 %; the hours given one pod more, in any round, where a whole day served "
+            "under 99 % an hour its window had served at 99 %): "
             + "; ".join(
                 "seed {}: {:.2f}, {} ({})".format(
                     h["seed"], gap, under, ", ".join(f"{a:02d}:00" for a in added) or "none"
