@@ -6,10 +6,10 @@ that serve that hour's requests at ≥ 99 % within the SLOs, given the hours bef
 the hour, and every pod it adds pays the 90 s pod start (pending, billed from its creation).
 Each hour is searched on a window of the day (5 minutes of the previous hour's fleet before it,
 2 minutes of the next hour's arrivals after it); the chosen schedule then runs over the whole day
-once, and where that day serves an hour under 99 % (its window's warm-up is not the day's
-state), that hour gets one pod more and the day runs again; the last day's attainment and
-GPU-hours are the ones reported (each hour's attainment in its window and in the first day are
-kept side by side). wok runs with its defaults on the same seeds
+once, and where that day serves an hour under 99 % that its window served at 99 % (the window's
+warm-up is not the day's state), that hour gets one pod more and the day runs again; the last
+day's attainment and GPU-hours are the ones reported (each hour's attainment in its window and
+in the first day are kept side by side). wok runs with its defaults on the same seeds
 (`bench/daytrace.py`'s simulation). The conditions are the day's (`daytrace.condition`: 90 s pod
 start, TTFT 2 s, TPOT 0.1 s, scored from 300 s).
 
