@@ -110,8 +110,10 @@ def test_queue_timeout_is_a_503_naming_the_reason(tmp_path: Path):
 
         async def main() -> list[tuple[int, dict, dict]]:
             async with httpx.AsyncClient(timeout=60) as http:
-                long = asyncio.create_task(_complete(http, server.url, 120))
-                await asyncio.sleep(0.1)  # the long one holds the only slot
+                # The long one holds the only slot well past the shorts' 0.1 s in the queue
+                # (240 steps of the tiny model: a quarter of a second even at 1 ms a step).
+                long = asyncio.create_task(_complete(http, server.url, 240))
+                await asyncio.sleep(0.1)
                 short = [_complete(http, server.url, 2) for _ in range(3)]
                 return [*(await asyncio.gather(*short)), await long]
 
