@@ -29,9 +29,10 @@ from autoscale_settings import (
 )
 
 from wok_cluster.kubeapi import KubeApi, KubeError
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest
 from wok_runtime.tools.bench_http import RequestResult, send_completion
-from wok_sim.report import Slos, attainment, p99, slo_hits
+from wok_sim.report import attainment, p99, slo_hits
 
 
 @dataclass

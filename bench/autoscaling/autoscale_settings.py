@@ -8,8 +8,8 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, load_trace, scale_rate
-from wok_sim.report import Slos
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "autoscaling" / "results"
@@ -89,7 +89,7 @@ def slice_requests(s: Settings, slice_csv: Path) -> list[TraceRequest]:
 def start_replicas(s: Settings, requests: list[TraceRequest]) -> int:
     """The simulator's warm start for these requests (every autoscaler there starts from it)."""
     from wok_contracts.profile import load_profile
-    from wok_sim.plan import warm_start
+    from wok_operator.plan import warm_start
 
     slos = Slos(s.slo_ttft_s, s.slo_tpot_s, s.slo_e2e_s)
     return warm_start(load_profile(s.profile), requests, slos)

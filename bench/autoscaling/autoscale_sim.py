@@ -112,9 +112,9 @@ def held_out_scale(trace: Path) -> float:
     """The rate scale that gives a held-out trace's busiest minute the load, in the planner's
     replicas, that the shared trace's has at x3: "scaled the same way", decided before any run."""
     from wok_contracts.profile import load_profile
+    from wok_contracts.slos import Slos
     from wok_contracts.traces import load_trace
-    from wok_sim.plan import LengthMix, peak_rate, replica_capacity
-    from wok_sim.report import Slos
+    from wok_operator.plan import LengthMix, peak_rate, replica_capacity
 
     profile = load_profile(PROFILE)
     slos = Slos(2.0, 0.1, None)

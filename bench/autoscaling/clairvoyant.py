@@ -28,11 +28,12 @@ from pathlib import Path
 from autoscale_sim import HELD_OUT, PROFILE, SHARED_TRACE, held_out_scale
 
 from wok_contracts.profile import StepProfile, load_profile
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, clip_to_model, load_trace, scale_rate
+from wok_operator.plan import batch_mem_of, warm_start
 from wok_sim.fleet import FleetConfig, simulate_fleet
-from wok_sim.plan import batch_mem_of, warm_start
 from wok_sim.policy import Action, FleetView
-from wok_sim.report import Slos, summarize
+from wok_sim.report import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"

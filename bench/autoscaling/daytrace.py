@@ -146,8 +146,9 @@ def key(job: Job) -> str:
 def run_job(job: Job) -> dict:
     """One simulation: evaluate's scoring, plus per hour the arrivals, the attainment of the
     requests that arrived in it, and the mean ready and pending pods."""
+    from wok_contracts.slos import Slos
     from wok_sim.fleet import simulate_fleet
-    from wok_sim.report import Slos, slo_hits, summarize
+    from wok_sim.report import slo_hits, summarize
 
     setup = job_setup(job)
     ctx, policy = setup.context, setup.policy

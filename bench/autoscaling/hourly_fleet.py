@@ -34,6 +34,7 @@ from daytrace import condition
 from daytrace import run_job as run_daytrace_job
 from tqdm import tqdm
 
+from wok_contracts.slos import Slos
 from wok_sim.evaluation_matrix import WARM_UP_S, Job, context
 from wok_sim.fleet import FleetConfig, FleetRun
 from wok_sim.hourly_fleet import (
@@ -44,7 +45,7 @@ from wok_sim.hourly_fleet import (
     hourly_rows,
     hours_of,
 )
-from wok_sim.report import Slos, summarize
+from wok_sim.report import summarize
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "hourly_fleet.json"

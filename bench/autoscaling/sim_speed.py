@@ -78,13 +78,14 @@ import hashlib, json, sys, time
 import numpy
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.policies import load_registry
-from wok_sim.report import Slos, summarize
+from wok_contracts.slos import Slos
+from wok_sim.report import summarize
 job, fast = sys.argv[1], sys.argv[2] == "1"
 if job == "headline":
     from wok_contracts.profile import load_profile
     from wok_contracts.traces import load_trace, scale_rate
     from wok_sim.cli import DEFAULT_PROFILE, DEFAULT_TRACE, DEFAULT_TRACE_RATE_SCALE
-    from wok_sim.plan import batch_mem_of, warm_start
+    from wok_operator.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext
     profile = load_profile(DEFAULT_PROFILE)
     slos = Slos(2.0, 0.1, 5.0)

@@ -31,7 +31,9 @@ class ServiceSignals:
     budget_p995_seconds: float | None = None
     budget_p995_ttft_seconds: float | None = None
     budget_p995_tpot_seconds: float | None = None
-    mean_sequence_tokens: float | None = None
+    mean_sequence_tokens: float | None = None  # prompt + output of a finished request
+    mean_prompt_tokens: float | None = None  # its prompt (the mix the step profile prices)
+    mean_output_tokens: float | None = None
     finished_per_s: float | None = None
     rejected_per_s: float | None = None
     batch_requests: float | None = None  # the batch lane's waiting + running

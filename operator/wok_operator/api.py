@@ -12,6 +12,8 @@ from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from wok_contracts.profile import StepProfile
+
 GROUP = "wok.dev"
 VERSION = "v1alpha1"
 KIND = "InferenceService"
@@ -265,6 +267,44 @@ class MemorySpec(ApiModel):
     )
 
 
+class StepProfileSpec(ApiModel):
+    """What one engine step costs on this model and GPU, `wok profile`'s fit of
+    `fixedSeconds + secondsPerSequence·decodes + secondsPerPrefillToken·prefill +
+    secondsPerContextToken·context`, with the pod's step token budget and KV pool."""
+
+    fixed_seconds: float = Field(gt=0, description="a: the fixed cost of a step.")
+    seconds_per_sequence: float = Field(ge=0, description="b: per decoding sequence.")
+    seconds_per_prefill_token: float = Field(ge=0, description="c: per prompt token.")
+    seconds_per_context_token: float = Field(ge=0, description="d: per cached token read.")
+    step_token_budget: int = Field(ge=1, description="max_num_batched_tokens of the profile.")
+    kv_capacity_tokens: int = Field(ge=16, description="Tokens the pod's KV pool holds.")
+
+    def profile(self, max_model_len: int) -> StepProfile:
+        return StepProfile(
+            name="spec.scaling.stepProfile",
+            kind="measured",
+            device="",
+            a_s=self.fixed_seconds,
+            b_s_per_seq=self.seconds_per_sequence,
+            c_s_per_prefill_token=self.seconds_per_prefill_token,
+            d_s_per_context_token=self.seconds_per_context_token,
+            step_token_budget=self.step_token_budget,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            max_model_len=max_model_len,
+        )
+
+    @classmethod
+    def of(cls, profile: StepProfile) -> StepProfileSpec:
+        return cls(
+            fixed_seconds=profile.a_s,
+            seconds_per_sequence=profile.b_s_per_seq,
+            seconds_per_prefill_token=profile.c_s_per_prefill_token,
+            seconds_per_context_token=profile.d_s_per_context_token,
+            step_token_budget=profile.step_token_budget,
+            kv_capacity_tokens=profile.kv_capacity_tokens,
+        )
+
+
 class ScalingSpec(ApiModel):
     replicas: Literal["wok", "external"] = Field(
         default="wok",
@@ -318,6 +358,12 @@ class ScalingSpec(ApiModel):
         "signal waits this long plus the SLO window before asking for another pod.",
     )
     interval_seconds: int = Field(default=5, ge=1, le=3600)
+    step_profile: StepProfileSpec | None = Field(
+        default=None,
+        description="What a step costs on this model and GPU (`wok profile`): μ, the requests/s "
+        "a pod serves, is then the profile's capacity for the mix the service finishes, "
+        "corrected by what saturated pods show. Without it μ waits for a saturated pod.",
+    )
 
 
 class SLOSpec(ApiModel):
@@ -639,6 +685,10 @@ class LoopMemory(ApiModel):
     capacity_source: Literal["profile", "observed"] | None = Field(
         default=None,
         description="Where μ came from: the step profile's prior, or a saturated pod's rate.",
+    )
+    capacity_ratio: float | None = Field(
+        default=None,
+        description="What saturated pods served ÷ the step profile's capacity for their mix.",
     )
     proven_rate: float | None = None
     proven_rate_at: float | None = None

@@ -71,6 +71,8 @@ def learned_key(spec: InferenceServiceSpec) -> str:
         "gpu": [spec.runtime.gpus_per_pod, spec.runtime.gpu_memory],
         "slo": spec.slo.model_dump(mode="json"),
     }
+    if spec.scaling.step_profile is not None:  # what the capacity ratio is relative to
+        basis["profile"] = spec.scaling.step_profile.model_dump(mode="json")
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -215,6 +217,9 @@ class LoopState:
     last_replica_change: float | None = None
     service_rate: float | None = None  # μ: requests/s a pod serves, as the law believes it
     capacity_source: str | None = None  # "profile" (the prior) or "observed" (a saturated pod)
+    # What saturated pods served ÷ the step profile's capacity for the mix they served (None: no
+    # profile, or none saturated yet); μ is this times the profile's capacity for today's mix.
+    capacity_ratio: float | None = None
     service_rate_at: float | None = None  # when; a rate older than the budget window gives way
     proven_rate: float | None = None  # the most requests/s a pod has served within its SLOs
     proven_rate_at: float | None = None
@@ -334,6 +339,7 @@ class _Facts:
     breached_since: float | None  # P99 TTFT has been above its SLO at every tick since
     saturated_since: float | None  # pods have queued behind a cap that cannot rise since
     saturated: bool  # long enough that the completions are what a pod can do
+    saturated_throughout: bool  # a queue past Q* every tick of the SLO window the rates cover
     # The error budget, and the utilization it sets.
     budget_spent: bool
     budget_recovering: bool
@@ -394,6 +400,7 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
+    saturated_throughout = saturated_since is not None and now - saturated_since >= p.slo_window_s
     slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
     in_place = _fleet_in_place(state, obs, p, now)
     burst_at = _burst_at(state, p, slo_breached=slo_breached, in_place=in_place, now=now)
@@ -426,6 +433,7 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         breached_since=breached_since,
         saturated_since=saturated_since,
         saturated=saturated,
+        saturated_throughout=saturated_throughout,
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
         burst_at=burst_at,
@@ -499,12 +507,20 @@ def _pods(load: float, p: LawParams) -> int:
 
 
 @dataclass(frozen=True)
+class _Belief:
+    """μ as the law believes it this tick (`_believed_rate`)."""
+
+    rate: float | None  # requests/s one pod serves
+    at: float | None  # when what it rests on was learnt (None: the profile as it is)
+    source: str | None  # "profile" or "observed"
+    ratio: float | None  # observed ÷ the profile's capacity (None: no profile, or not learnt)
+
+
+@dataclass(frozen=True)
 class _Demand:
     replicas: int  # R*
     text: str
-    service_rate: float | None  # μ, requests/s one pod serves, as believed
-    service_rate_at: float | None
-    capacity_source: str | None  # "profile" or "observed"
+    belief: _Belief
 
 
 def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, now: float) -> bool:
@@ -513,28 +529,42 @@ def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, 
     return rate is None or sample > rate or at is None or now - at >= p.budget_window_s
 
 
-def _believed_rate(
-    state: LoopState, p: LawParams, sample: float | None, now: float
-) -> tuple[float | None, float | None, str | None]:
-    """μ, when it was learnt and where it came from. The profile's prior holds from the first
-    tick until a saturated pod shows its rate, which replaces it whether higher or lower (the
-    model is a model), or pods serve more within the SLOs than it says; after that the best rate
-    a saturated pod has shown, until it is a budget
-    window old. A state from before the prior (a rate without a source) was observed."""
-    observed = state.service_rate is not None and state.capacity_source != "profile"
-    if not observed:
-        if sample is not None:
-            return sample, now, "observed"
-        rate, at = p.capacity_prior, None
-        if rate is not None and _known(state.proven_rate) and state.proven_rate > rate:  # type: ignore[operator]
-            # Pods have served more within the SLOs than the model says they can: a pod that
-            # never saturates would otherwise never correct a prior that reads low.
-            return state.proven_rate, state.proven_rate_at, "observed"
-        return rate, at, None if rate is None else "profile"
-    rate, at = state.service_rate, state.service_rate_at
-    if sample is not None and _fresher(rate, at, sample, p, now):
-        return sample, now, "observed"
-    return rate, at, "observed"
+def _believed_rate(state: LoopState, p: LawParams, sample: float | None, now: float) -> _Belief:
+    """μ, what it rests on, and when that was learnt.
+
+    A rate in requests/s belongs to the mix it was measured on: a day whose prompts shrink by a
+    third serves half as many more requests on the same pods, and only the profile knows by how
+    much. So with the step profile's capacity for this tick's mix (`capacity_prior`), μ is that
+    capacity times a ratio: what a saturated pod served ÷ the profile's capacity for the mix it
+    served, higher ratios replacing lower ones until one is a budget window old. A ratio no pod
+    has shown for a budget window gives way to the profile again (a fleet sized by a low ratio
+    never saturates to correct it). Until a pod saturates, μ is the profile's figure, or what
+    pods served within the SLOs when that is more.
+
+    Without a profile (none given), μ is the best rate a saturated pod has shown, in
+    requests/s, until it is a budget window old. A state from before the profile (a rate
+    without a source) was observed."""
+    prior = p.capacity_prior
+    if prior is None:
+        rate, at = state.service_rate, state.service_rate_at
+        if state.capacity_source == "profile":
+            rate, at = None, None  # the profile's figure, for a mix no longer known
+        if sample is not None and _fresher(rate, at, sample, p, now):
+            rate, at = sample, now
+        # A ratio learnt against the profile waits, unused, for a tick that knows the mix.
+        return _Belief(rate, at, None if rate is None else "observed", state.capacity_ratio)
+    ratio, at = state.capacity_ratio, state.service_rate_at
+    if sample is not None and _fresher(ratio, at, sample / prior, p, now):
+        ratio, at = sample / prior, now
+    elif at is not None and now - at >= p.budget_window_s:
+        ratio, at = None, None  # no pod has shown it for a budget window: the profile again
+    if ratio is None and _known(state.proven_rate) and state.proven_rate > prior:  # type: ignore[operator]
+        # Pods have served more within the SLOs than the model says they can: a pod that
+        # never saturates would otherwise never correct a prior that reads low.
+        ratio, at = state.proven_rate / prior, state.proven_rate_at  # type: ignore[operator]
+    if ratio is None:
+        return _Belief(prior, None, "profile", None)
+    return _Belief(ratio * prior, at, "observed", ratio)
 
 
 def _demand(
@@ -545,6 +575,8 @@ def _demand(
     *,
     utilization: float,
     saturated: bool,
+    saturated_throughout: bool,
+    overloaded: bool,
     now: float,
 ) -> _Demand:
     """R* from two limits of a pod, whichever needs more pods:
@@ -566,17 +598,24 @@ def _demand(
     # The windowed rate of a pod that saturated partway through the window reads low: keep the
     # best rate a saturated pod has shown (a mix that got slower saturates pods sooner, and the
     # TTFT rule adds pods for it) until it is a budget window old.
-    sample = finished / ready if saturated and finished > 0 else None
-    rate, rate_at, source = _believed_rate(state, p, sample, now)
+    # Against a profile a window teaches the ratio when it saturated with an SLO broken (pods
+    # could not keep up within the SLOs at this rate: the ratio moves to it, either way), or
+    # saturated throughout within the SLOs (they can serve at least this: the ratio may rise).
+    # A window that saturated partway within the SLOs reads the arrivals before the queue,
+    # below what a pod can do, and teaches nothing.
+    teaches = saturated and (overloaded or saturated_throughout or p.capacity_prior is None)
+    sample = finished / ready if teaches and finished > 0 else None
+    belief = _believed_rate(state, p, sample, now)
+    rate = belief.rate
     if finished <= 0 or rate is None or rate < MIN_RATE:
-        return _Demand(by_slots, text, rate, rate_at, source)
+        return _Demand(by_slots, text, belief)
     backlog = queue * reporting / p.slo_window_s if saturated else 0.0
     arrivals = finished + float(obs.rejected_per_s) + backlog  # type: ignore[arg-type]
     by_rate = _pods(arrivals / (utilization * rate), p)
     if by_rate <= by_slots:
-        return _Demand(by_slots, text, rate, rate_at, source)
-    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod ({source}), ρ {utilization:g}"
-    return _Demand(by_rate, text, rate, rate_at, source)
+        return _Demand(by_slots, text, belief)
+    text = f"{arrivals:.1f} req/s to serve, {rate:.2f}/pod ({belief.source}), ρ {utilization:g}"
+    return _Demand(by_rate, text, belief)
 
 
 #: How much more than the most a pod has served well a scale-down may ask of each pod: a fleet
@@ -675,6 +714,7 @@ def _fresh_memory(state: LoopState, p: LawParams) -> tuple[LoopState, list[str]]
         service_rate=None,
         service_rate_at=None,
         capacity_source=None,
+        capacity_ratio=None,
         proven_rate=None,
         proven_rate_at=None,
         budget_spent=False,
@@ -744,7 +784,15 @@ def _replica_rule(
     replicas = f.replicas
     capacity = _capacity_per_replica(step.batch if f.tpot_bound else p.batch_cap, obs, p)
     demand = _demand(
-        capacity, obs, p, state, utilization=f.utilization, saturated=f.saturated, now=now
+        capacity,
+        obs,
+        p,
+        state,
+        utilization=f.utilization,
+        saturated=f.saturated,
+        saturated_throughout=f.saturated_throughout,
+        overloaded=f.ttft_breached or _above(obs.p99_seconds, p.slo_e2e_s),
+        now=now,
     )
     # A pod pending past its pod start is not on its way: it is no capacity, and its place in
     # the Deployment's count is asked for again.
@@ -858,9 +906,10 @@ def _replica_memory(
         down_target=down_target,
         last_scale_up=now if new_replicas > replicas else state.last_scale_up,
         last_replica_change=now if new_replicas != replicas else state.last_replica_change,
-        service_rate=demand.service_rate,
-        service_rate_at=demand.service_rate_at,
-        capacity_source=demand.capacity_source,
+        service_rate=demand.belief.rate,
+        service_rate_at=demand.belief.at,
+        capacity_source=demand.belief.source,
+        capacity_ratio=demand.belief.ratio,
         proven_rate=proven_rate,
         proven_rate_at=proven_at,
         saturated_since=f.saturated_since,

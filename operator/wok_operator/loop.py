@@ -15,11 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from wok_contracts.signals import Observation, PodView, ServiceSignals
+from wok_contracts.slos import Slos
 from wok_operator import conditions as cond
 from wok_operator.api import InferenceServiceSpec, LoopMemory
 from wok_operator.backlog import Backlog, backlog_need, compose
 from wok_operator.budget import MemoryBudget, gib
 from wok_operator.control import Decision, LawParams, LoopState, decide
+from wok_operator.plan import mix_capacity
 from wok_operator.signals import KV_BUDGET_TOLERANCE
 
 #: A container waiting for one of these will not run without a change: an image that cannot be
@@ -153,12 +155,13 @@ def control_tick(
     batch_mem: int,
     now: float,
     law: Law = decide,
-    capacity_prior: float | None = None,
     batch_sla: int | None = None,
 ) -> TickResult:
     """observe → decide: the pure middle of every tick, in the operator and in the simulator.
     The law sees the online lane only; a batch-lane deadline (opt-in) may add replicas beside it
-    (`backlog.compose`)."""
+    (`backlog.compose`). With a step profile in the spec, μ's prior is its capacity for the mix
+    the service finished over the SLO window."""
+    capacity_prior = capacity_of_mix(spec, signals)
     params = LawParams.from_spec(
         spec, batch_mem=batch_mem, capacity_prior=capacity_prior, batch_sla=batch_sla
     )
@@ -196,6 +199,23 @@ def held_tick(
         reason=f"holding: {why}",
     )
     return replace(last, params=params, observation=obs, decision=decision)
+
+
+def capacity_of_mix(spec: InferenceServiceSpec, signals: ServiceSignals) -> float | None:
+    """The requests/s a pod serves within the SLOs by `spec.scaling.stepProfile`, for the mean
+    prompt and output the service finished (None: no profile, or no mix seen)."""
+    profile = spec.scaling.step_profile
+    if profile is None:
+        return None
+    slo = spec.slo
+    slos = Slos(slo.ttft_p99_seconds, slo.tpot_p99_seconds, slo.e2e_p99_seconds)
+    return mix_capacity(
+        profile,
+        spec.memory.max_model_len,
+        slos,
+        signals.mean_prompt_tokens,
+        signals.mean_output_tokens,
+    )
 
 
 def initial_state(spec: InferenceServiceSpec, params: LawParams) -> LoopState:

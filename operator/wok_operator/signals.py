@@ -204,11 +204,11 @@ def round_queries(
         w = f"{window}s"
         queries |= _slo_p99s(window, recorded=recorded)
         queries[f"p99_service:{window}"] = _p99(INFERENCE_TIME, w, misses_count=False)
-        queries[f"mean_tokens:{window}"] = (
-            f"(sum by ({GROUP}) (rate({PROMPT_TOKENS}[{w}]))"
-            f" + sum by ({GROUP}) (rate({GENERATION_TOKENS}[{w}])))"
-            f" / sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
-        )
+        for name, counter in (("mean_prompt", PROMPT_TOKENS), ("mean_output", GENERATION_TOKENS)):
+            queries[f"{name}:{window}"] = (
+                f"sum by ({GROUP}) (rate({counter}[{w}]))"
+                f" / sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
+            )
         queries[f"finished_rate:{window}"] = f"sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
         queries[f"rejected_rate:{window}"] = f"sum by ({GROUP}) {rejected_rates(w)}"
     for window in sorted(set(budget_windows)):
@@ -281,6 +281,7 @@ class Round:
             return None if budget_window is None else get(f"{name}:{budget_window}")
 
         reporting = get("reporting")
+        prompt, output = get(f"mean_prompt:{window}"), get(f"mean_output:{window}")
         return ServiceSignals(
             waiting=get("waiting"),
             running=get("running"),
@@ -296,7 +297,9 @@ class Round:
             budget_p995_seconds=budget("p995"),
             budget_p995_ttft_seconds=budget("p995_ttft"),
             budget_p995_tpot_seconds=budget("p995_tpot"),
-            mean_sequence_tokens=get(f"mean_tokens:{window}"),
+            mean_sequence_tokens=_sum(prompt, output),
+            mean_prompt_tokens=prompt,
+            mean_output_tokens=output,
             finished_per_s=get(f"finished_rate:{window}"),
             rejected_per_s=get(f"rejected_rate:{window}"),
             batch_requests=get("batch_requests"),
@@ -307,6 +310,11 @@ class Round:
                 get("kv_measured_ratio_min"), get("kv_measured_ratio_max")
             ),
         )
+
+
+def _sum(*values: float | None) -> float | None:
+    """The sum of figures that all have a sample (None where one has none)."""
+    return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
 
 
 def farthest_from_one(*ratios: float | None) -> float | None:

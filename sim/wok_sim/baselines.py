@@ -21,7 +21,7 @@ KEDA on vLLM's queue metrics (as the vLLM production stack and llm-d recommend).
 - `static-peak`: the smallest fixed fleet that reaches 99 % attainment of every SLO, by a search
   over replica counts (each one a simulation: every count is a variant, the pick is the fewest
   GPU-hours among those at 99 %, else the best attainment); `static-mean`: the fleet the trace's
-  mean rate needs at the planner's per-replica capacity (`wok_sim.plan`).
+  mean rate needs at the planner's per-replica capacity (`wok_operator.plan`).
 
 Every one runs a fixed batch, swept over B ∈ {16, 32, 64, 128, 256} ≤ B_mem (`PolicyContext`);
 the report shows the best in hindsight with its B. The autoscalers start from the run's
@@ -34,11 +34,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from wok_contracts.slos import Slos
+from wok_operator.plan import (
+    TARGET_ATTAINMENT,
+    LengthMix,
+    arrival_rate,
+    peak_rate,
+    replica_capacity,
+)
 from wok_sim import hpa
-from wok_sim.plan import TARGET_ATTAINMENT, LengthMix, arrival_rate, peak_rate, replica_capacity
 from wok_sim.policies import PolicyContext, PolicyEntry, Scored, register
 from wok_sim.policy import Action, FleetView, PodSample, Policy
-from wok_sim.report import Slos
 
 WAITING_TARGET = 5.0  # per pod (HPA) and KEDA's threshold: the production-stack examples' figure
 CONCURRENCY_TARGETS = (16, 32, 48)

@@ -21,10 +21,11 @@ from wok_sim import evaluate, plan_cli
 
 if TYPE_CHECKING:
     from wok_contracts.profile import StepProfile
+    from wok_contracts.slos import Slos
     from wok_contracts.traces import TraceRequest
     from wok_sim.fleet import FleetConfig
     from wok_sim.policies import PolicyContext
-    from wok_sim.report import PolicyResult, Slos
+    from wok_sim.report import PolicyResult
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "azure_llm_2023_code.csv"
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
@@ -280,7 +281,7 @@ def _simulate(name: str, index: int) -> PolicyResult:
 
 def run(args: argparse.Namespace) -> int:
     from wok_contracts.profile import load_profile
-    from wok_sim.report import Slos
+    from wok_contracts.slos import Slos
 
     if args.jobs < 1 or args.max_replicas < 1:
         raise ValueError("--jobs and --max-replicas must be >= 1")
@@ -349,7 +350,7 @@ def policy_context(
 ) -> PolicyContext:
     """What every policy is built from: the profile, the SLOs, the trace, the planner's
     memory cap and warm start."""
-    from wok_sim.plan import batch_mem_of, warm_start
+    from wok_operator.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext
 
     return PolicyContext(
@@ -402,7 +403,7 @@ def print_results(
     if args.json:
         print(to_json(chosen))
     else:
-        from wok_sim.plan import TARGET_ATTAINMENT
+        from wok_operator.plan import TARGET_ATTAINMENT
         from wok_sim.report import headline
 
         print(textwrap.fill(headline(chosen, target=TARGET_ATTAINMENT), 100), end="\n\n")
@@ -423,8 +424,8 @@ def _search_fleets(
     attainment target and the largest under it (or, where none reaches it, the smallest at the
     largest's attainment), found in rounds of simulations, every B's next probe at once. Under
     attainment monotone in N, the pick over them is the pick over every variant."""
+    from wok_operator.plan import TARGET_ATTAINMENT
     from wok_sim.fleet_search import FleetSearch
-    from wok_sim.plan import TARGET_ATTAINMENT
     from wok_sim.policies import load_registry
 
     variants = load_registry()[name].variants(ctx)

@@ -168,9 +168,9 @@ def context(condition: Condition, seed: int, *, warm_start_fleet: bool = True) -
     """The run's PolicyContext, as `wok simulate` builds it (the same warm start for all);
     without `warm_start_fleet` (enough to list the variants) it skips the planner's warm start."""
     from wok_contracts.profile import load_profile
-    from wok_sim.plan import batch_mem_of, warm_start
+    from wok_contracts.slos import Slos
+    from wok_operator.plan import batch_mem_of, warm_start
     from wok_sim.policies import PolicyContext
-    from wok_sim.report import Slos
 
     key = ("context", condition, seed, warm_start_fleet)
     if key not in _CACHE:

@@ -192,8 +192,9 @@ def job_setup(job: Job) -> JobSetup:
 
 
 def run_job(job: Job) -> Outcome:
+    from wok_contracts.slos import Slos
     from wok_sim.fleet import simulate_fleet
-    from wok_sim.report import Slos, summarize
+    from wok_sim.report import summarize
 
     setup = job_setup(job)
     ctx, policy = setup.context, setup.policy

@@ -28,10 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, cut_window
 from wok_sim.fleet import FleetConfig, FleetRun, simulate_fleet
 from wok_sim.fleet_search import PLATEAU, FleetSearch
-from wok_sim.report import Slos, slo_hits
+from wok_sim.report import slo_hits
 from wok_sim.scheduled_policy import ScheduledPolicy, Step
 
 HOUR_S = 3600.0

@@ -1,4 +1,4 @@
-"""`wok plan`: the capacity plan of `wok_sim.plan` as a table, JSON or a plot.
+"""`wok plan`: the capacity plan of `wok_operator.plan` as a table, JSON or a plot.
 
 Registered by `wok_sim.cli`; the planner is imported only when the command runs, as every part of
 the `wok` CLI does.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from wok_contracts.traces import TraceRequest
-    from wok_sim.plan import Plan
+    from wok_operator.plan import Plan
 
 DEFAULT_PROFILE = "sim:llama-3-8b-80g"
 
@@ -50,9 +50,9 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from wok_contracts.profile import load_profile
+    from wok_contracts.slos import Slos
     from wok_contracts.traces import load_trace
-    from wok_sim.plan import LengthMix, arrival_rate, plan
-    from wok_sim.report import Slos
+    from wok_operator.plan import LengthMix, arrival_rate, plan
 
     profile = load_profile(args.profile)
     slos = Slos(args.slo_ttft, args.slo_tpot, args.slo_e2e)

@@ -329,8 +329,14 @@ class EmulatedPrometheus:
                 continue
             put(f"p99_service:{window}", self._quantile(rates, "inference", 0.0))
             success = rates[OFFSETS["success"]]
-            tokens = rates[OFFSETS["prompt_tokens"]] + rates[OFFSETS["generation_tokens"]]
-            put(f"mean_tokens:{window}", tokens / success if success > 0 else math.nan)
+            for name, counter in (
+                ("mean_prompt", "prompt_tokens"),
+                ("mean_output", "generation_tokens"),
+            ):
+                put(
+                    f"{name}:{window}",
+                    rates[OFFSETS[counter]] / success if success > 0 else math.nan,
+                )
             put(f"finished_rate:{window}", success)
             put(f"rejected_rate:{window}", misses)
             put(f"batch_token_rate:{window}", 0.0)

@@ -19,22 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wok_contracts.quantiles import nearest_rank
+from wok_contracts.slos import Slos
 from wok_sim.columns import COLUMNS
 from wok_sim.fleet import FleetRun, Tick
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-
-@dataclass(frozen=True)
-class Slos:
-    ttft_s: float
-    tpot_s: float
-    e2e_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.ttft_s > 0 and self.tpot_s > 0 and (self.e2e_s is None or self.e2e_s > 0)):
-            raise ValueError("SLOs must be > 0 seconds")
 
 
 @dataclass(frozen=True)

@@ -15,21 +15,24 @@ from __future__ import annotations
 from dataclasses import replace
 
 from wok_contracts.signals import Observation
-from wok_operator.api import InferenceServiceSpec
+from wok_contracts.slos import Slos
+from wok_operator.api import InferenceServiceSpec, StepProfileSpec
 from wok_operator.budget import sequence_length
 from wok_operator.control import Decision, LawParams, LoopState, decide
 from wok_operator.loop import Law, TickResult, control_tick, initial_state
-from wok_sim.plan import WARM_START_S, LengthMix, batch_sla, plan
+from wok_operator.plan import WARM_START_S, LengthMix, batch_sla, plan
 from wok_sim.policies import PolicyContext, PolicyEntry, register
 from wok_sim.policy import Action, FleetView, Policy
-from wok_sim.report import Slos
 from wok_sim.sign_step import decide_sign_step
 
 
-def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:
+def simulated_spec(ctx: PolicyContext, *, profile: bool = True) -> InferenceServiceSpec:
     """The InferenceService of the simulated service: defaults, with the run's SLOs, replica
     limits (minReplicas 1), the profile's max_model_len and the pod start time (its owner would
-    write the deployment's own start time in the spec)."""
+    write the deployment's own start time in the spec), and the run's step profile as its
+    `scaling.stepProfile` (`wok profile`'s fit, as an owner would give it) unless `profile` is
+    False (the law without one: μ waits for a saturated pod)."""
+    step_profile = StepProfileSpec.of(ctx.profile).model_dump() if profile else None
     return InferenceServiceSpec.model_validate(
         {
             "slo": {
@@ -41,6 +44,7 @@ def simulated_spec(ctx: PolicyContext) -> InferenceServiceSpec:
                 "min_replicas": 1,
                 "max_replicas": ctx.max_replicas,
                 "pod_start_seconds": round(ctx.cold_start_s),
+                "step_profile": step_profile,
             },
             "memory": {"max_model_len": ctx.profile.max_model_len},
         }
@@ -59,10 +63,10 @@ class LawPolicy:
         ctx: PolicyContext,
         *,
         pinned_batch: int | None = None,
-        prior: bool = False,
+        profile: bool = True,
         sla: bool = False,
     ) -> None:
-        self.spec = simulated_spec(ctx)
+        self.spec = simulated_spec(ctx, profile=profile)
         self.name = name
         self.law = law
         self.kv_tokens = ctx.profile.kv_capacity_tokens
@@ -70,7 +74,6 @@ class LawPolicy:
         params = LawParams.from_spec(self.spec, batch_mem=self.batch_mem(None))
         self.interval_s = float(self.spec.scaling.interval_seconds)
         self.pinned_batch = pinned_batch  # an ablation's batch (clipped to B_mem); None: moves
-        self.capacity_prior = capacity_prior(ctx) if prior else None
         self.batch_sla = batch_sla_of(ctx) if sla else None
         self.state = replace(initial_state(self.spec, params), replicas=ctx.start_replicas)
         self.state = replace(self.state, batch=self.pinned(self.state.batch, params.batch_cap))
@@ -99,7 +102,6 @@ class LawPolicy:
             batch_mem=self.batch_mem(view.signals.mean_sequence_tokens),
             now=view.now,
             law=self.law,
-            capacity_prior=self.capacity_prior,
             batch_sla=self.batch_sla,
         )
 
@@ -119,18 +121,6 @@ def seen_mix(ctx: PolicyContext) -> LengthMix | None:
     return LengthMix.of_requests(seen, ctx.profile.max_model_len) if seen else None
 
 
-def capacity_prior(ctx: PolicyContext) -> float | None:
-    """μ's prior: `wok plan`'s QPS_max (B_opt / t_batch(B_opt) within the run's SLOs) for the
-    seen mix; None when no batch meets the SLOs for it."""
-    mix = seen_mix(ctx)
-    if mix is None:
-        return None
-    try:
-        return plan(ctx.profile, mix, Slos(ctx.slo_ttft_s, ctx.slo_tpot_s, ctx.slo_e2e_s)).qps_max
-    except ValueError:
-        return None
-
-
 def batch_sla_of(ctx: PolicyContext) -> int | None:
     """B_SLA for the seen mix and the run's SLOs (None: no mix, or not even one sequence)."""
     mix = seen_mix(ctx)
@@ -144,11 +134,10 @@ def _wok(ctx: PolicyContext) -> list[Policy]:
     return [LawPolicy("wok", decide, ctx)]
 
 
-def _prior(ctx: PolicyContext) -> list[Policy]:
-    """The law with μ's prior from the step profile: it bought nothing measurable on the matrix
-    and cost the Mooncake trace at tight SLOs 0.91 points (docs/control-law.md), so the default
-    leaves it out, as the operator (which has no step profile) does."""
-    return [LawPolicy("wok-prior", decide, ctx, prior=True)]
+def _no_profile(ctx: PolicyContext) -> list[Policy]:
+    """The law of an InferenceService without `scaling.stepProfile`: μ is what a saturated pod
+    showed, in requests/s, whatever the mix since."""
+    return [LawPolicy("wok-no-profile", decide, ctx, profile=False)]
 
 
 def _sla(ctx: PolicyContext) -> list[Policy]:
@@ -167,7 +156,7 @@ def _forgive(ctx: PolicyContext) -> list[Policy]:
 
 
 register("wok", PolicyEntry(variants=_wok))
-register("wok-prior", PolicyEntry(variants=_prior, in_all=False))
+register("wok-no-profile", PolicyEntry(variants=_no_profile, in_all=False))
 register("wok-forgive", PolicyEntry(variants=_forgive, in_all=False))
 register("wok-sla", PolicyEntry(variants=_sla, in_all=False))
 

@@ -12,6 +12,7 @@ from wok_contracts.profile import load_profile
 from wok_contracts.signals import PodView, ServiceSignals
 from wok_contracts.traces import Phase, TraceRequest, scripted
 from wok_operator.control import decide
+from wok_operator.plan import peak_rate
 from wok_sim import baselines
 from wok_sim.baselines import (
     FleetSizing,
@@ -23,7 +24,6 @@ from wok_sim.baselines import (
     waiting_metric,
 )
 from wok_sim.fleet import FleetConfig, simulate_fleet
-from wok_sim.plan import peak_rate
 from wok_sim.policies import PolicyContext, load_registry, resolve
 from wok_sim.policy import FleetView, PodSample
 from wok_sim.wok_policy import LawPolicy
@@ -223,7 +223,8 @@ def test_the_ceiling_asks_for_every_pod_at_its_first_tick_from_the_runs_start() 
 def test_no_autoscaler_serves_more_than_the_ceiling_from_the_same_start() -> None:
     """A burst one pod start into the run: the warm start serves it alone until new pods are up,
     for every policy; the ceiling has every pod on its way from the first tick."""
-    from wok_sim.report import Slos, summarize
+    from wok_contracts.slos import Slos
+    from wok_sim.report import summarize
 
     requests = scripted((Phase(30, 1.0), Phase(180, 40.0)), mean_prompt=1024, mean_output=64)
     ctx = replace(context(requests, max_replicas=8), start_replicas=1)

@@ -96,6 +96,7 @@ states = st.builds(
     service_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
     service_rate_at=maybe_time,
     capacity_source=st.sampled_from([None, "profile", "observed"]),
+    capacity_ratio=st.one_of(st.none(), st.floats(1e-3, 10)),
     proven_rate=st.one_of(st.none(), st.floats(0, 100), st.floats(0, 1e-300)),
     proven_rate_at=maybe_time,
     learned_for=st.sampled_from([None, "", "another spec"]),
@@ -1009,25 +1010,60 @@ def test_the_profile_prior_sizes_the_fleet_from_the_first_tick():
     assert no_prior.desired_replicas == 1 and no_prior.state.capacity_source is None
 
 
-def test_a_saturated_pod_corrects_the_prior_in_both_directions():
-    """The profile is a model: the first rate a saturated pod shows replaces it, lower or higher;
-    after that the best rate a saturated pod has shown stands, as before."""
+def test_a_saturated_pod_corrects_the_prior_as_a_ratio_in_both_directions():
+    """The profile is a model: what a saturated pod serves, over the profile's capacity for the
+    mix it served, scales the profile's capacity for every later mix. The first ratio replaces
+    the profile's 1, lower or higher; after that the highest stands."""
     params = default_params(scale_up_window_s=10)
 
-    def learn(prior: float, finished: float, state: LoopState | None = None) -> LoopState:
+    def learn(prior: float, finished: float, state: LoopState | None = None, **kw) -> LoopState:
         state = state or LoopState(batch=200, replicas=2)
         for now in (0.0, 10.0):
-            o = obs(20, running=5, ready=2, finished=finished)
+            o = obs(20, running=5, ready=2, finished=finished, **kw)
             state = decide(state, o, replace(params, capacity_prior=prior), now).state
         return state
 
-    low = learn(8.0, 10.0)  # 5 a pod, the prior said 8
-    assert (low.service_rate, low.capacity_source) == (5.0, "observed")
-    high = learn(2.0, 10.0)
-    assert (high.service_rate, high.capacity_source) == (5.0, "observed")
-    # Observed now: a lower saturated sample within the budget window is a partial window.
-    again = learn(8.0, 6.0, replace(low, saturated_since=None))
-    assert again.service_rate == 5.0
+    # A queue for the scale-up window with P99 TTFT over its SLO: the pods could not keep up.
+    low = learn(8.0, 10.0, ttft=5.0)  # 5 a pod, the profile said 8
+    assert (low.capacity_ratio, low.service_rate, low.capacity_source) == (
+        0.625,
+        5.0,
+        "observed",
+    )
+    high = learn(2.0, 10.0, ttft=5.0)
+    assert (high.capacity_ratio, high.service_rate) == (2.5, 5.0)
+    # The mix moved: the profile now says 16 a pod, the pods serve 0.625 of it.
+    moved = decide(
+        low, obs(0, running=5, ready=2, finished=10.0), replace(params, capacity_prior=16.0), 20.0
+    )
+    assert moved.state.service_rate == 10.0
+    # A lower ratio within the budget window is a partial window: the highest stands.
+    again = learn(8.0, 6.0, replace(low, saturated_since=None), ttft=5.0)
+    assert again.capacity_ratio == 0.625
+
+
+def test_a_queue_that_breaks_no_slo_teaches_the_ratio_only_if_it_lasts_the_window():
+    """A queue that came and went within the SLOs read the arrivals before it, not what a pod
+    can do: on the ServeGen day such windows read 0.6 of the profile's capacity and held a
+    third more pods than the day needed. Only a window saturated throughout teaches then."""
+    params = replace(default_params(scale_up_window_s=10), capacity_prior=8.0)
+    state = LoopState(batch=200, replicas=2)
+    for now in (0.0, 10.0, 20.0):
+        state = decide(state, obs(20, running=5, ready=2, finished=10.0), params, now).state
+    assert (state.capacity_ratio, state.capacity_source) == (None, "profile")
+    for now in range(30, 70, 10):
+        state = decide(state, obs(20, running=5, ready=2, finished=10.0), params, now).state
+    assert (state.capacity_ratio, state.capacity_source) == (0.625, "observed")
+
+
+def test_a_ratio_no_pod_has_shown_for_a_budget_window_gives_way_to_the_profile():
+    params = replace(default_params(), capacity_prior=8.0)
+    state = LoopState(batch=200, replicas=2, capacity_ratio=0.5, service_rate_at=0.0)
+    quiet = obs(0, running=5, ready=2, finished=4.0)
+    kept = decide(state, quiet, params, params.budget_window_s - 5).state
+    assert (kept.capacity_ratio, kept.service_rate) == (0.5, 4.0)
+    gone = decide(state, quiet, params, params.budget_window_s).state
+    assert (gone.capacity_ratio, gone.service_rate, gone.capacity_source) == (None, 8.0, "profile")
 
 
 def test_a_scale_down_keeps_the_pods_arrivals_need_at_the_believed_capacity():

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from wok_contracts.profile import load_profile
+from wok_contracts.slos import Slos
 from wok_contracts.traces import cut_window, poisson
 from wok_sim.baselines import StaticPolicy
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.hourly_fleet import HourFleet, HourlySearch, fewest_pods, met_share
-from wok_sim.report import Slos
 from wok_sim.scheduled_policy import ScheduledPolicy, Step
 
 PROFILE = load_profile("sim:llama-3-8b-80g")

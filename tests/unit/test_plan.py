@@ -10,10 +10,11 @@ import pytest
 
 from wok.cli import main
 from wok_contracts.profile import StepProfile, load_profile
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, poisson
-from wok_sim.plan import LengthMix, batch_point, plan, replica_capacity
+from wok_operator.plan import LengthMix, batch_point, plan, replica_capacity
 from wok_sim.replica import run_single
-from wok_sim.report import Slos, p99
+from wok_sim.report import p99
 
 TINY = StepProfile(
     name="tiny-plan",

@@ -13,9 +13,9 @@ import pytest
 
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.traces import Phase, TraceRequest, load_trace, scale_rate, scripted
+from wok_operator.plan import batch_mem_of
 from wok_sim.baselines import StaticPolicy
 from wok_sim.fleet import FleetConfig, FleetRun, simulate_fleet
-from wok_sim.plan import batch_mem_of
 from wok_sim.policies import PolicyContext, load_registry
 from wok_sim.policy import Policy
 

@@ -8,13 +8,14 @@ import pytest
 
 from wok_contracts.profile import load_profile
 from wok_contracts.quantiles import nearest_rank
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, poisson
 from wok_operator import control, loop
 from wok_sim import wok_policy
 from wok_sim.fleet import FleetConfig, simulate_fleet
 from wok_sim.policies import PolicyContext, load_registry
 from wok_sim.policy import Action, FleetView
-from wok_sim.report import Slos, attainment, p99, slo_hits, summarize
+from wok_sim.report import attainment, p99, slo_hits, summarize
 
 PROFILE = load_profile("sim:llama-3-8b-80g")
 

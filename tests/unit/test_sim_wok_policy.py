@@ -44,8 +44,8 @@ def test_a_frozen_batch_stays_at_its_pin() -> None:
 def test_the_prior_variant_believes_the_planners_capacity_until_a_pod_saturates() -> None:
     """μ's prior is `wok plan`'s QPS_max for the mix of the first five minutes; `wok-prior`
     runs with it, the default law (as the operator) without."""
-    from wok_sim.plan import LengthMix, plan
-    from wok_sim.report import Slos
+    from wok_contracts.slos import Slos
+    from wok_operator.plan import LengthMix, plan
 
     registry = load_registry()
     law, bare = registry["wok-prior"].variants(CTX)[0], registry["wok"].variants(CTX)[0]
@@ -56,8 +56,8 @@ def test_the_prior_variant_believes_the_planners_capacity_until_a_pod_saturates(
 
 
 def test_b_sla_is_the_largest_batch_whose_predicted_step_meets_the_tpot_slo() -> None:
-    from wok_sim.plan import LengthMix, batch_point, batch_sla
-    from wok_sim.report import Slos
+    from wok_contracts.slos import Slos
+    from wok_operator.plan import LengthMix, batch_point, batch_sla
 
     mix = LengthMix.of_means(2048, 32)
     slos = Slos(2.0, 0.05, None)

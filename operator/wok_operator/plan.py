@@ -27,12 +27,16 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
 from wok_contracts.profile import StepProfile
 from wok_contracts.quantiles import nearest_rank
+from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, clip_to_model
-from wok_sim.report import Slos
+
+if TYPE_CHECKING:
+    from wok_operator.api import StepProfileSpec
 
 TARGET_ATTAINMENT = 0.99  # the share of requests that must meet every SLO at B_opt
 
@@ -315,3 +319,37 @@ def warm_start(profile: StepProfile, requests: Sequence[TraceRequest], slos: Slo
     mix = LengthMix.of_requests(requests, profile.max_model_len)
     per_replica = replica_capacity(profile, mix, profile.kv_blocks, slos)
     return max(1, math.ceil(peak_rate(first_minutes, 60.0) / per_replica))
+
+
+#: Means within 2 % of each other share one capacity (log-spaced buckets, 50 per e-fold).
+MIX_BUCKETS_PER_E = 50
+
+
+def mix_capacity(
+    profile: StepProfileSpec,
+    max_model_len: int,
+    slos: Slos,
+    mean_prompt: float | None,
+    mean_output: float | None,
+) -> float | None:
+    """QPS_max for a service finishing requests of these mean lengths: what a pod serves within
+    the SLOs by the profile (None: no mix seen, or no batch meets the SLOs for it)."""
+    means = (mean_prompt, mean_output)
+    if not all(m is not None and math.isfinite(m) and m > 0 for m in means):
+        return None
+    prompt, output = (round(MIX_BUCKETS_PER_E * math.log(max(m, 1.0))) for m in means)  # type: ignore[arg-type]
+    return _bucket_capacity(profile, max_model_len, slos, prompt, output)
+
+
+@lru_cache(maxsize=4096)
+def _bucket_capacity(
+    profile: StepProfileSpec, max_model_len: int, slos: Slos, prompt: int, output: int
+) -> float | None:
+    prompt_tokens, output_tokens = (
+        max(1, round(math.exp(b / MIX_BUCKETS_PER_E))) for b in (prompt, output)
+    )
+    mix = LengthMix.of_means(prompt_tokens, output_tokens)
+    try:
+        return plan(profile.profile(max_model_len), mix, slos).qps_max
+    except ValueError:
+        return None
