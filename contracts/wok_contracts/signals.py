@@ -34,6 +34,7 @@ class ServiceSignals:
     mean_sequence_tokens: float | None = None  # prompt + output of a finished request
     mean_prompt_tokens: float | None = None  # its prompt (the mix the step profile prices)
     mean_output_tokens: float | None = None
+    mean_cached_tokens: float | None = None  # of its prompt, found in the prefix cache
     finished_per_s: float | None = None
     rejected_per_s: float | None = None
     batch_requests: float | None = None  # the batch lane's waiting + running

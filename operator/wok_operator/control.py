@@ -110,6 +110,9 @@ class LawParams:
     # it lost 0.3-1.3 points for 3-4 % fewer GPU-hours and bought nothing elsewhere
     # (docs/control-law.md); False: every miss spends it.
     forgive_own_misses: bool = False
+    # The proven floor (`_floor`): a scale-down never asks a pod for more than PROBE_GROWTH × the
+    # most a pod has served within the SLOs, until it has held a budget window.
+    proven_floor: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_min <= self.batch_max:
@@ -769,6 +772,8 @@ def _floor(
     (docs/control-law.md), where the rate pods serve within the SLOs is below the rate they
     serve saturated."""
     rate, at, floor = _proven(state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now)
+    if not p.proven_floor:
+        floor = 0
     since = _since(state.floor_since, now) if desired < f.replicas <= floor else None
     if since is not None and now - since >= p.budget_window_s:
         floor = f.replicas - 1

@@ -203,17 +203,21 @@ def held_tick(
 
 def capacity_of_mix(spec: InferenceServiceSpec, signals: ServiceSignals) -> float | None:
     """The requests/s a pod serves within the SLOs by `spec.scaling.stepProfile`, for the mean
-    prompt and output the service finished (None: no profile, or no mix seen)."""
+    prompt and output the service finished (None: no profile, or no mix seen). The prompt is
+    priced less what the prefix cache held of it: those tokens skip their prefill."""
     profile = spec.scaling.step_profile
     if profile is None:
         return None
+    prompt, cached = signals.mean_prompt_tokens, signals.mean_cached_tokens
+    if prompt is not None and cached is not None and math.isfinite(cached):
+        prompt = max(1.0, prompt - cached)
     slo = spec.slo
     slos = Slos(slo.ttft_p99_seconds, slo.tpot_p99_seconds, slo.e2e_p99_seconds)
     return mix_capacity(
         profile,
         spec.memory.max_model_len,
         slos,
-        signals.mean_prompt_tokens,
+        prompt,
         signals.mean_output_tokens,
     )
 

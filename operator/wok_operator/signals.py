@@ -43,6 +43,7 @@ REJECTED = "wok_rejected_requests_total"
 VLLM_REJECTED = "vllm:admission_rejections_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # prompt tokens whose prefill the cache saved
 REQUEST_SUCCESS = "vllm:request_success_total"
 # The batch lane's own series: offline work never shows in the vllm:* ones above.
 BATCH_LANE_WAITING = "wok_batch_lane_requests_waiting"
@@ -204,7 +205,12 @@ def round_queries(
         w = f"{window}s"
         queries |= _slo_p99s(window, recorded=recorded)
         queries[f"p99_service:{window}"] = _p99(INFERENCE_TIME, w, misses_count=False)
-        for name, counter in (("mean_prompt", PROMPT_TOKENS), ("mean_output", GENERATION_TOKENS)):
+        means = (
+            ("mean_prompt", PROMPT_TOKENS),
+            ("mean_output", GENERATION_TOKENS),
+            ("mean_cached", PREFIX_CACHE_HITS),
+        )
+        for name, counter in means:
             queries[f"{name}:{window}"] = (
                 f"sum by ({GROUP}) (rate({counter}[{w}]))"
                 f" / sum by ({GROUP}) (rate({REQUEST_SUCCESS}[{w}]))"
@@ -300,6 +306,7 @@ class Round:
             mean_sequence_tokens=_sum(prompt, output),
             mean_prompt_tokens=prompt,
             mean_output_tokens=output,
+            mean_cached_tokens=get(f"mean_cached:{window}"),
             finished_per_s=get(f"finished_rate:{window}"),
             rejected_per_s=get(f"rejected_rate:{window}"),
             batch_requests=get("batch_requests"),

@@ -49,7 +49,9 @@ POLICIES: dict[str, str] = {
     "ablation: what the moving batch buys; not in `all`)",
     "wok-frozen-plan": "the law with its batch pinned at `wok plan`'s B_opt for the trace's mix "
     "(an ablation; not in `all`)",
-    "wok-prior": "the law with μ's prior from the step profile (an ablation; not in `all`)",
+    "wok-no-profile": "the law without a step profile: μ is what a saturated pod showed, in "
+    "requests/s, whatever the mix since (an ablation; not in `all`)",
+    "wok-no-floor": "the law without its proven floor (an ablation; not in `all`)",
     "wok-forgive": "the law whose own shortfall's misses (pods starting, a warm start, its "
     "scale-down) do not spend the error budget (an experiment; not in `all`)",
     "wok-sla": "the law with B_SLA in its batch cap (an experiment; not in `all`)",

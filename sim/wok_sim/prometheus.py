@@ -41,7 +41,7 @@ HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "inference": REQUEST_LATENCY_BUCKETS,
     "tpot": ITL_BUCKETS,
 }
-COUNTERS = ("success", "rejected", "prompt_tokens", "generation_tokens")
+COUNTERS = ("success", "rejected", "prompt_tokens", "generation_tokens", "prefix_cache_hits")
 # A simulated pod has no device to disagree with its KV budget: it measures exactly what it was
 # given (ratio 1). The profiles count KV tokens, not bytes, so the budget is a unit.
 SIMULATED_KV_BUDGET_BYTES = 1.0
@@ -172,6 +172,7 @@ class _PodCounters:
         self.counters["success"] += 1
         self.counters["prompt_tokens"] += record.prompt_tokens
         self.counters["generation_tokens"] += record.output_tokens
+        self.counters["prefix_cache_hits"] += record.cached_tokens
         inference = record.finish_s - (record.first_scheduled_s or record.arrival_s)
         for name, value in (
             ("ttft", record.ttft_s),
@@ -332,6 +333,7 @@ class EmulatedPrometheus:
             for name, counter in (
                 ("mean_prompt", "prompt_tokens"),
                 ("mean_output", "generation_tokens"),
+                ("mean_cached", "prefix_cache_hits"),
             ):
                 put(
                     f"{name}:{window}",

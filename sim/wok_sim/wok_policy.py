@@ -158,6 +158,18 @@ def _forgive(ctx: PolicyContext) -> list[Policy]:
 register("wok", PolicyEntry(variants=_wok))
 register("wok-no-profile", PolicyEntry(variants=_no_profile, in_all=False))
 register("wok-forgive", PolicyEntry(variants=_forgive, in_all=False))
+
+
+def _no_floor(ctx: PolicyContext) -> list[Policy]:
+    """The law without the proven floor: a scale-down goes as far as demand at the believed μ."""
+
+    def law(state: LoopState, obs: Observation, params: LawParams, now: float) -> Decision:
+        return decide(state, obs, replace(params, proven_floor=False), now)
+
+    return [LawPolicy("wok-no-floor", law, ctx)]
+
+
+register("wok-no-floor", PolicyEntry(variants=_no_floor, in_all=False))
 register("wok-sla", PolicyEntry(variants=_sla, in_all=False))
 
 

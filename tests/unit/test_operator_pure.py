@@ -285,13 +285,13 @@ def test_missing_metrics_set_metrics_unavailable():
 
 
 def test_one_round_is_a_constant_number_of_queries():
-    assert len(round_queries([60])) == 17
-    assert len(round_queries([60, 60])) == 17
-    assert len(round_queries([60, 120])) == 25
+    assert len(round_queries([60])) == 19
+    assert len(round_queries([60, 60])) == 19
+    assert len(round_queries([60, 120])) == 29
     # The budget window adds its three SLO P99s (none where it is an SLO window too) and their
     # three P99.5s, half the budget.
-    assert len(round_queries([60], [3600])) == 23
-    assert len(round_queries([60], [60])) == 20
+    assert len(round_queries([60], [3600])) == 25
+    assert len(round_queries([60], [60])) == 22
     for query in round_queries([60]).values():
         assert "by (namespace, service" in query
 

@@ -3,6 +3,8 @@ a pinned batch stays pinned."""
 
 from __future__ import annotations
 
+import pytest
+
 from wok_contracts.profile import load_profile
 from wok_contracts.traces import Phase, scripted
 from wok_sim.fleet import FleetConfig, simulate_fleet
@@ -41,18 +43,34 @@ def test_a_frozen_batch_stays_at_its_pin() -> None:
     assert len(set(seen[1:])) == 1
 
 
-def test_the_prior_variant_believes_the_planners_capacity_until_a_pod_saturates() -> None:
-    """μ's prior is `wok plan`'s QPS_max for the mix of the first five minutes; `wok-prior`
-    runs with it, the default law (as the operator) without."""
+def test_the_law_prices_each_ticks_mix_with_the_runs_step_profile() -> None:
+    """`wok` runs as an InferenceService with the run's profile as `scaling.stepProfile`: μ's
+    prior is `wok plan`'s QPS_max for the mean prompt and output the tick's signals show (within
+    the 2 % the buckets allow); `wok-no-profile` has none."""
+    from wok_contracts.signals import ServiceSignals
     from wok_contracts.slos import Slos
+    from wok_operator.loop import capacity_of_mix
     from wok_operator.plan import LengthMix, plan
 
     registry = load_registry()
-    law, bare = registry["wok-prior"].variants(CTX)[0], registry["wok"].variants(CTX)[0]
-    mix = LengthMix.of_requests([r for r in REQUESTS if r.arrival_s < 300], PROFILE.max_model_len)
-    expected = plan(PROFILE, mix, Slos(2.0, 0.1, None)).qps_max
-    assert law.capacity_prior == expected > 0  # type: ignore[attr-defined]
-    assert bare.capacity_prior is None  # type: ignore[attr-defined]
+    law, bare = registry["wok"].variants(CTX)[0], registry["wok-no-profile"].variants(CTX)[0]
+    assert bare.spec.scaling.step_profile is None  # type: ignore[attr-defined]
+    expected = plan(PROFILE, LengthMix.of_means(1000, 200), Slos(2.0, 0.1, None)).qps_max
+    seen = capacity_of_mix(
+        law.spec,  # type: ignore[attr-defined]
+        ServiceSignals(mean_prompt_tokens=1000.0, mean_output_tokens=200.0),
+    )
+    assert seen == pytest.approx(expected, rel=0.03) and expected > 0
+    shorter = capacity_of_mix(
+        law.spec,  # type: ignore[attr-defined]
+        ServiceSignals(mean_prompt_tokens=500.0, mean_output_tokens=200.0),
+    )
+    assert shorter > seen  # type: ignore[operator]
+    assert capacity_of_mix(law.spec, ServiceSignals()) is None  # type: ignore[attr-defined]
+    assert (
+        capacity_of_mix(bare.spec, ServiceSignals(mean_prompt_tokens=1.0, mean_output_tokens=1.0))
+        is None
+    )  # type: ignore[attr-defined]
 
 
 def test_b_sla_is_the_largest_batch_whose_predicted_step_meets_the_tpot_slo() -> None:
