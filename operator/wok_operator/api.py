@@ -276,7 +276,9 @@ class StepProfileSpec(ApiModel):
     seconds_per_sequence: float = Field(ge=0, description="b: per decoding sequence.")
     seconds_per_prefill_token: float = Field(ge=0, description="c: per prompt token.")
     seconds_per_context_token: float = Field(ge=0, description="d: per cached token read.")
-    step_token_budget: int = Field(ge=1, description="max_num_batched_tokens of the profile.")
+    step_token_budget: int = Field(
+        ge=1, description="The pods' max_num_batched_tokens (batching.maxNumBatchedTokens)."
+    )
     kv_capacity_tokens: int = Field(ge=16, description="Tokens the pod's KV pool holds.")
 
     def profile(self, max_model_len: int) -> StepProfile:

@@ -41,7 +41,8 @@ SEARCHED = ("static-peak",)
 #: the registry (a name with digits stands for its family: hpa-concurrency-N).
 POLICIES: dict[str, str] = {
     "wok": "wok's control law (wok_operator.control.decide) as the operator runs it: it moves "
-    "the batch cap and the replica count",
+    "the batch cap and the replica count; the InferenceService carries the run's step profile "
+    "(`scaling.stepProfile`), so μ is the profile's capacity for the mix it finishes",
     "sign-step": "the clipped sign-step rule the law started from (decide_sign_step): the batch "
     "moves one step on the sign of the queue's error, the replicas by one pod once the batch is "
     "at its cap; kept for comparison",

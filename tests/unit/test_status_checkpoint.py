@@ -13,12 +13,15 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import kopf
+import pytest
 from kopf._core.engines.posting import event_queue_loop_var, event_queue_var, settings_var
 from prometheus_client import REGISTRY
 
+from wok_contracts.profile import load_profile
 from wok_contracts.signals import PodView, ServiceSignals
+from wok_contracts.slos import Slos
 from wok_operator import handlers
-from wok_operator.api import InferenceServiceSpec
+from wok_operator.api import InferenceServiceSpec, StepProfileSpec
 from wok_operator.budget import plan_for_spec
 from wok_operator.control import LawParams, LoopState
 from wok_operator.loop import (
@@ -33,6 +36,7 @@ from wok_operator.loop import (
     status_write_cause,
     with_kv_budget,
 )
+from wok_operator.plan import mix_capacity
 from wok_operator.signals import UNAVAILABLE_INTERVALS, Round, SignalsHub, round_queries
 
 SPEC = InferenceServiceSpec.model_validate(
@@ -319,5 +323,57 @@ async def test_a_late_round_changes_neither_the_knobs_nor_status_and_an_outage_d
         # No round for 12 intervals: Prometheus is gone, and the SRE hears of it at once.
         assert await run(age_s=UNAVAILABLE_INTERVALS * 5.0 + 1.0) == {"status"}
         assert memo.state.batch == 256
+    finally:
+        await hub.close()
+
+
+class RecordingKube(Kube):
+    def __init__(self) -> None:
+        self.patches: list[tuple[object, ...]] = []
+
+    def patch_status(self, *args: object) -> None:
+        self.patches.append(args)
+
+
+async def test_the_operator_believes_its_step_profiles_capacity_for_the_mix_and_shows_it():
+    """An InferenceService with `scaling.stepProfile`: the operator's first tick prices the mix
+    its pods finished (700-token sequences, 100 of them output) with the profile, and status
+    says what a pod serves, from where."""
+    profile = load_profile("sim:llama-3-8b-80g")
+    spec = BENCH_SPEC.model_copy(
+        update={
+            "scaling": BENCH_SPEC.scaling.model_copy(
+                update={"step_profile": StepProfileSpec.of(profile)}
+            )
+        }
+    )
+    settings_var.set(kopf.OperatorSettings())
+    event_queue_var.set(asyncio.Queue())
+    event_queue_loop_var.set(asyncio.get_running_loop())
+    hub = SignalsHub()
+    url = "http://127.0.0.1:9"
+    kube = RecordingKube()
+    wok = handlers.Shared(kube=kube, config=handlers.OperatorConfig(url), hub=hub)  # type: ignore[arg-type]
+    memo = handlers.LoopMemo()
+    plan = plan_for_spec(spec)
+    body = {
+        "metadata": {"generation": 1},
+        "spec": spec.model_dump(by_alias=True),
+        "status": {"batchSize": 256, "replicas": 1, "memory": memory_status(plan)},
+    }
+    tick = handlers.ServiceTick(wok, memo, "svc", "bench", body, logging.getLogger("test"))  # type: ignore[arg-type]
+    pods = [PodView("p1", "uid1", "10.0.0.1", ready=True, terminating=False)]
+    try:
+        hub.answered[url] = bench_round(time.monotonic())
+        await tick.run(pods, deployed=1)
+        await memo.writer.pending["status"].write()
+        [(_, _, patch)] = kube.patches
+        controller = patch["controller"]  # type: ignore[index]
+        slos = Slos(2.0, 0.2)
+        expected = mix_capacity(StepProfileSpec.of(profile), 2048, slos, 600.0, 100.0)
+        assert expected is not None and expected > 5.0
+        assert controller["capacitySource"] == "profile"
+        assert controller["serviceRate"] == pytest.approx(expected)
+        assert "capacityRatio" not in controller or controller["capacityRatio"] is None
     finally:
         await hub.close()
