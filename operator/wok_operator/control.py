@@ -535,9 +535,9 @@ def _fresher(rate: float | None, at: float | None, sample: float, p: LawParams, 
 def _believed_rate(state: LoopState, p: LawParams, sample: float | None, now: float) -> _Belief:
     """μ, what it rests on, and when that was learnt.
 
-    A rate in requests/s belongs to the mix it was measured on: a day whose prompts shrink by a
-    third serves half as many more requests on the same pods, and only the profile knows by how
-    much. So with the step profile's capacity for this tick's mix (`capacity_prior`), μ is that
+    A rate in requests/s belongs to the mix it was measured on: by the profile a pod serves 16
+    requests/s of the ServeGen day's night-time prompts and 23 of its shorter midday ones. So
+    with the step profile's capacity for this tick's mix (`capacity_prior`), μ is that
     capacity times a ratio: what a saturated pod served ÷ the profile's capacity for the mix it
     served, higher ratios replacing lower ones until one is a budget window old. A ratio no pod
     has shown for a budget window gives way to the profile again (a fleet sized by a low ratio
