@@ -49,9 +49,12 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
     from wok_contracts.profile import load_profile
     from wok_contracts.slos import Slos
     from wok_contracts.traces import load_trace
+    from wok_operator.api import StepProfileSpec
     from wok_operator.plan import LengthMix, arrival_rate, plan
 
     profile = load_profile(args.profile)
@@ -78,10 +81,14 @@ def run(args: argparse.Namespace) -> int:
         mix = LengthMix.of_means(args.prompt_tokens, args.output_tokens)
     result = plan(profile, mix, slos, qps=args.qps)
     rate = arrival_rate(requests)
+    # What an InferenceService carries so that its law prices each tick's mix with this profile.
+    step_profile = StepProfileSpec.of(profile).model_dump(by_alias=True)
     if args.json:
-        print(json.dumps(as_json(result, rate), indent=2))
+        print(json.dumps(as_json(result, rate) | {"step_profile": step_profile}, indent=2))
     else:
         print(table(result, len(requests), rate))
+        print("\nThe InferenceService's spec.scaling (μ from this profile for the mix it serves):")
+        print(yaml.safe_dump({"stepProfile": step_profile}, sort_keys=False).rstrip())
     if args.plot:
         write_plot(result, args.plot)
         print(f"plot: {args.plot}")

@@ -7,11 +7,13 @@ import json
 import math
 
 import pytest
+import yaml
 
 from wok.cli import main
 from wok_contracts.profile import StepProfile, load_profile
 from wok_contracts.slos import Slos
 from wok_contracts.traces import TraceRequest, poisson
+from wok_operator.api import StepProfileSpec
 from wok_operator.plan import LengthMix, batch_point, plan, replica_capacity
 from wok_sim.replica import run_single
 from wok_sim.report import p99
@@ -100,12 +102,18 @@ def test_wok_plan_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path) ->
     assert data["b_opt"] >= 1 and data["qps_max"] > 0
     assert data["replicas"] == math.ceil(40 / data["qps_max"])
     assert plot.stat().st_size > 0
+    # The profile as an InferenceService carries it, for the law's μ.
+    spec = StepProfileSpec.model_validate(data["step_profile"])
+    assert spec == StepProfileSpec.of(load_profile("sim:llama-3-8b-80g"))
 
 
 def test_wok_plan_table_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["plan", "--slo-ttft", "2", "--slo-tpot", "0.05"]
     assert main([*base, "--prompt-tokens", "512", "--output-tokens", "128"]) == 0
-    assert "B_opt" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "B_opt" in out
+    block = yaml.safe_load(out[out.index("stepProfile:") :])
+    assert StepProfileSpec.model_validate(block["stepProfile"]).fixed_seconds == 0.006
     assert main([*base, "--prompt-tokens", "512"]) == 2
     assert "--prompt-tokens needs --output-tokens" in capsys.readouterr().err
     assert main([*base, "--prompt-tokens", "512", "--output-tokens", "128", "--qps", "-1"]) == 2
