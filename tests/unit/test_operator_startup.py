@@ -94,11 +94,11 @@ async def test_only_warnings_and_decisions_become_events_and_info_stays_in_the_l
 
 
 class SlowAdmin(BaseHTTPRequestHandler):
-    """A pod's admin endpoint that answers a batch PUT after 0.6 s."""
+    """A pod's admin endpoint that answers a batch PUT after 1.2 s."""
 
     def do_PUT(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
-        time.sleep(0.6)
+        time.sleep(1.2)
         body = b'{"max_batch_size": 8}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -117,10 +117,12 @@ class Backlogged(ThreadingHTTPServer):
 async def test_pushes_past_the_clients_connections_wait_for_one_instead_of_failing():
     # 1,000 services pushed their first batch at once through 100 connections: a push that waited
     # longer than the call's timeout for one failed (PoolTimeout) and was pushed again every tick.
+    # Five rounds of 1.2 s through the 100 connections: the last pushes wait 4.8 s for one, past
+    # the 4 s a call may take, which leaves a call itself room on a loaded machine.
     pod = Backlogged(("127.0.0.215", RUNTIME_PORT), SlowAdmin)
     threading.Thread(target=pod.serve_forever, daemon=True).start()
     try:
-        async with pods_client(timeout_s=2.0) as http:
+        async with pods_client(timeout_s=4.0) as http:
             pushes = [push_batch_size(http, ["127.0.0.215"], "t0ken", 8) for _ in range(500)]
             results = await asyncio.gather(*pushes)
     finally:
