@@ -31,8 +31,7 @@ class ServiceSignals:
     budget_p995_seconds: float | None = None
     budget_p995_ttft_seconds: float | None = None
     budget_p995_tpot_seconds: float | None = None
-    mean_sequence_tokens: float | None = None  # prompt + output of a finished request
-    mean_prompt_tokens: float | None = None  # its prompt (the mix the step profile prices)
+    mean_prompt_tokens: float | None = None  # of a finished request (the mix the profile prices)
     mean_output_tokens: float | None = None
     mean_cached_tokens: float | None = None  # of its prompt, found in the prefix cache
     finished_per_s: float | None = None
@@ -43,6 +42,13 @@ class ServiceSignals:
     kv_budget_bytes: float | None = None  # the GPU pods' KV pool (the largest, if they differ)
     # Measured room ÷ budget of the GPU pod farthest from 1 (None: no GPU pod reports it).
     kv_measured_ratio: float | None = None
+
+    @property
+    def mean_sequence_tokens(self) -> float | None:
+        """Prompt + output of a finished request (None: one of them has no sample)."""
+        if self.mean_prompt_tokens is None or self.mean_output_tokens is None:
+            return None
+        return self.mean_prompt_tokens + self.mean_output_tokens
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ class _Facts:
     breached_since: float | None  # P99 TTFT has been above its SLO at every tick since
     saturated_since: float | None  # pods have queued behind a cap that cannot rise since
     saturated: bool  # long enough that the completions are what a pod can do
-    saturated_throughout: bool  # a queue past Q* every tick of the SLO window the rates cover
+    teaches: bool  # the window's completions may teach μ (`_facts`)
     # The error budget, and the utilization it sets.
     budget_spent: bool
     budget_recovering: bool
@@ -403,7 +403,6 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
-    saturated_throughout = saturated_since is not None and now - saturated_since >= p.slo_window_s
     slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
     in_place = _fleet_in_place(state, obs, p, now)
     burst_at = _burst_at(state, p, slo_breached=slo_breached, in_place=in_place, now=now)
@@ -436,7 +435,7 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         breached_since=breached_since,
         saturated_since=saturated_since,
         saturated=saturated,
-        saturated_throughout=saturated_throughout,
+        teaches=saturated and _teaches(saturated_since, obs, p, now, ttft_breached=ttft_breached),
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
         burst_at=burst_at,
@@ -447,6 +446,24 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         tpot_futile=tpot_futile,
         at_floor=tpot_breached and batch <= p.batch_floor and not recently_lowered,
     )
+
+
+def _teaches(
+    saturated_since: float | None,
+    obs: Observation,
+    p: LawParams,
+    now: float,
+    *,
+    ttft_breached: bool,
+) -> bool:
+    """Whether a saturated window's completions may teach μ. Without a profile, always. Against
+    one, when the window broke a TTFT or E2E SLO (pods could not keep up within the SLOs at this
+    rate) or stayed saturated for the whole SLO window the rates cover (they can serve at least
+    this): a window that saturated partway within the SLOs reads the arrivals before the queue,
+    below what a pod can do."""
+    throughout = saturated_since is not None and now - saturated_since >= p.slo_window_s
+    overloaded = ttft_breached or _above(obs.p99_seconds, p.slo_e2e_s)
+    return p.capacity_prior is None or overloaded or throughout
 
 
 @dataclass(frozen=True)
@@ -578,8 +595,7 @@ def _demand(
     *,
     utilization: float,
     saturated: bool,
-    saturated_throughout: bool,
-    overloaded: bool,
+    teaches: bool,
     now: float,
 ) -> _Demand:
     """R* from two limits of a pod, whichever needs more pods:
@@ -601,12 +617,6 @@ def _demand(
     # The windowed rate of a pod that saturated partway through the window reads low: keep the
     # best rate a saturated pod has shown (a mix that got slower saturates pods sooner, and the
     # TTFT rule adds pods for it) until it is a budget window old.
-    # Against a profile a window teaches the ratio when it saturated with an SLO broken (pods
-    # could not keep up within the SLOs at this rate: the ratio moves to it, either way), or
-    # saturated throughout within the SLOs (they can serve at least this: the ratio may rise).
-    # A window that saturated partway within the SLOs reads the arrivals before the queue,
-    # below what a pod can do, and teaches nothing.
-    teaches = saturated and (overloaded or saturated_throughout or p.capacity_prior is None)
     sample = finished / ready if teaches and finished > 0 else None
     belief = _believed_rate(state, p, sample, now)
     rate = belief.rate
@@ -795,8 +805,7 @@ def _replica_rule(
         state,
         utilization=f.utilization,
         saturated=f.saturated,
-        saturated_throughout=f.saturated_throughout,
-        overloaded=f.ttft_breached or _above(obs.p99_seconds, p.slo_e2e_s),
+        teaches=f.teaches,
         now=now,
     )
     # A pod pending past its pod start is not on its way: it is no capacity, and its place in

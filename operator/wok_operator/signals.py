@@ -287,7 +287,6 @@ class Round:
             return None if budget_window is None else get(f"{name}:{budget_window}")
 
         reporting = get("reporting")
-        prompt, output = get(f"mean_prompt:{window}"), get(f"mean_output:{window}")
         return ServiceSignals(
             waiting=get("waiting"),
             running=get("running"),
@@ -303,9 +302,8 @@ class Round:
             budget_p995_seconds=budget("p995"),
             budget_p995_ttft_seconds=budget("p995_ttft"),
             budget_p995_tpot_seconds=budget("p995_tpot"),
-            mean_sequence_tokens=_sum(prompt, output),
-            mean_prompt_tokens=prompt,
-            mean_output_tokens=output,
+            mean_prompt_tokens=get(f"mean_prompt:{window}"),
+            mean_output_tokens=get(f"mean_output:{window}"),
             mean_cached_tokens=get(f"mean_cached:{window}"),
             finished_per_s=get(f"finished_rate:{window}"),
             rejected_per_s=get(f"rejected_rate:{window}"),
@@ -317,11 +315,6 @@ class Round:
                 get("kv_measured_ratio_min"), get("kv_measured_ratio_max")
             ),
         )
-
-
-def _sum(*values: float | None) -> float | None:
-    """The sum of figures that all have a sample (None where one has none)."""
-    return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
 
 
 def farthest_from_one(*ratios: float | None) -> float | None:

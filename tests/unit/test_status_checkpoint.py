@@ -246,7 +246,7 @@ MEAN_LENGTH = 700
 def test_a_tick_without_the_mean_length_keeps_the_length_the_loop_used_not_an_older_status():
     plan = plan_for_spec(BENCH_SPEC)
     lagging = {"memory": {"sequenceLength": 2048}}  # the reconcile's, the loop's write not landed
-    observed = ServiceSignals(mean_sequence_tokens=float(MEAN_LENGTH))
+    observed = ServiceSignals(mean_prompt_tokens=float(MEAN_LENGTH - 100), mean_output_tokens=100.0)
     fresh = handlers.budget_in_force(BENCH_SPEC, plan, lagging, observed)
     assert fresh.sequence_length == MEAN_LENGTH
     held = handlers.budget_in_force(
@@ -285,32 +285,43 @@ class Kube:
     def scale(self, *_: object) -> None: ...
 
 
+PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing answers: the hub's own rounds fail, as overloaded
+POD = PodView("p1", "uid1", "10.0.0.1", ready=True, terminating=False)
+
+
+def bench_tick(
+    spec: InferenceServiceSpec, hub: SignalsHub, kube: Kube
+) -> tuple[handlers.LoopMemo, handlers.ServiceTick]:
+    """A bench service's tick as the operator runs it, its rounds from `hub`, its writes to
+    `kube` (in Kopf's event context, as the operator has it)."""
+    settings_var.set(kopf.OperatorSettings())
+    event_queue_loop_var.set(asyncio.get_running_loop())
+    config = handlers.OperatorConfig(PROMETHEUS_URL)
+    wok = handlers.Shared(kube=kube, config=config, hub=hub)  # type: ignore[arg-type]
+    memo = handlers.LoopMemo()
+    body = {
+        "metadata": {"generation": 1},
+        "spec": spec.model_dump(by_alias=True),
+        "status": {"batchSize": 256, "replicas": 1, "memory": memory_status(plan_for_spec(spec))},
+    }
+    tick = handlers.ServiceTick(wok, memo, "svc", "bench", body, logging.getLogger("test"))  # type: ignore[arg-type]
+    return memo, tick
+
+
 async def test_a_late_round_changes_neither_the_knobs_nor_status_and_an_outage_does():
     # At 1,000 services most ticks came between two rounds more than 3 intervals apart: each such
     # tick held on no data, flipped MetricsUnavailable, the batch lane's estimate, KVBudgetMatched
     # and the memory cap (so the batch, 256 → 221 → 256), and wrote status 3.4 times per service
     # per minute.
-    settings_var.set(kopf.OperatorSettings())  # Kopf's event queue, as the operator has it
     events: asyncio.Queue = asyncio.Queue()
     event_queue_var.set(events)
-    event_queue_loop_var.set(asyncio.get_running_loop())
     hub = SignalsHub()
-    url = "http://127.0.0.1:9"  # nothing answers: the hub's own rounds fail, as when overloaded
-    wok = handlers.Shared(kube=Kube(), config=handlers.OperatorConfig(url), hub=hub)  # type: ignore[arg-type]
-    memo = handlers.LoopMemo()
-    plan = plan_for_spec(BENCH_SPEC)
-    body = {
-        "metadata": {"generation": 1},
-        "spec": BENCH_SPEC.model_dump(by_alias=True),
-        "status": {"batchSize": 256, "replicas": 1, "memory": memory_status(plan)},
-    }
-    tick = handlers.ServiceTick(wok, memo, "svc", "bench", body, logging.getLogger("test"))  # type: ignore[arg-type]
-    pods = [PodView("p1", "uid1", "10.0.0.1", ready=True, terminating=False)]
+    memo, tick = bench_tick(BENCH_SPEC, hub, Kube())
 
     async def run(age_s: float) -> set[str]:
-        hub.answered[url] = bench_round(time.monotonic() - age_s)
+        hub.answered[PROMETHEUS_URL] = bench_round(time.monotonic() - age_s)
         memo.writer.pending.clear()
-        await tick.run(pods, deployed=1)
+        await tick.run([POD], deployed=1)
         return set(memo.writer.pending)
 
     try:
@@ -347,25 +358,12 @@ async def test_the_operator_believes_its_step_profiles_capacity_for_the_mix_and_
             )
         }
     )
-    settings_var.set(kopf.OperatorSettings())
     event_queue_var.set(asyncio.Queue())
-    event_queue_loop_var.set(asyncio.get_running_loop())
-    hub = SignalsHub()
-    url = "http://127.0.0.1:9"
-    kube = RecordingKube()
-    wok = handlers.Shared(kube=kube, config=handlers.OperatorConfig(url), hub=hub)  # type: ignore[arg-type]
-    memo = handlers.LoopMemo()
-    plan = plan_for_spec(spec)
-    body = {
-        "metadata": {"generation": 1},
-        "spec": spec.model_dump(by_alias=True),
-        "status": {"batchSize": 256, "replicas": 1, "memory": memory_status(plan)},
-    }
-    tick = handlers.ServiceTick(wok, memo, "svc", "bench", body, logging.getLogger("test"))  # type: ignore[arg-type]
-    pods = [PodView("p1", "uid1", "10.0.0.1", ready=True, terminating=False)]
+    hub, kube = SignalsHub(), RecordingKube()
+    memo, tick = bench_tick(spec, hub, kube)
     try:
-        hub.answered[url] = bench_round(time.monotonic())
-        await tick.run(pods, deployed=1)
+        hub.answered[PROMETHEUS_URL] = bench_round(time.monotonic())
+        await tick.run([POD], deployed=1)
         await memo.writer.pending["status"].write()
         [(_, _, patch)] = kube.patches
         controller = patch["controller"]  # type: ignore[index]
