@@ -8,12 +8,15 @@ law's jobs (and any baseline seed a moved verdict newly asks for); `seed --with-
 law's runs too, for a change to the matrix's other jobs (the baselines' sweep). evaluation.json
 keeps attainment to 6 digits and GPU-h to 4, so a frontier read at exactly a static fleet's GPU-h
 (the conversation trace's single pod) can fall just below it: read that row's verdict, not its
-"frontier there". `table` sets several runs' rows of one policy side by side.
+"frontier there". `table` sets several runs' rows of one policy side by side; `day` does the
+same for `daytrace.py`'s JSONs (the law's runs per seed, against the hourly fleet's GPU-h).
 
     python bench/autoscaling/law_ab.py seed bench/autoscaling/results/evaluation.json /tmp/j.jsonl
     wok evaluate --policy wok --jobs 1 --journal /tmp/j.jsonl --out /tmp/after
     python bench/autoscaling/law_ab.py table now=/tmp/before/evaluation.json \\
         after=/tmp/after/evaluation.json --out mu_window
+    python bench/autoscaling/law_ab.py day now=/tmp/daytrace.json \\
+        after=bench/autoscaling/results/daytrace.json --out law_day
 
 `table` writes bench/autoscaling/results/<out>.json and prints the markdown table.
 """
@@ -110,6 +113,42 @@ def table(runs: dict[str, Path], policy: str) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", data
 
 
+def day_table(runs: dict[str, Path], hourly: Path, policy: str) -> tuple[str, dict[str, Any]]:
+    """Each day JSON's runs of `policy` per seed, their means, and their GPU-h ÷ the hourly
+    fleet's (`hourly_fleet.json`, the same scale and seeds, over the seeds it has)."""
+    fleets = {
+        (r["scale"], r["seed"]): r["gpu_hours"]
+        for r in json.loads(hourly.read_text())["runs"]
+        if r["policy"] == "hourly"
+    }
+    lines = [
+        "| run | scale | seeds | all SLOs % (mean) | GPU-h (mean) | GPU-h ÷ the hourly fleet's |",
+        "|---|---|---|---|---|---|",
+    ]
+    data: dict[str, Any] = {"policy": policy, "runs": {}}
+    for name, path in runs.items():
+        stored = json.loads(path.read_text())
+        scale = stored.get("scale") or 1.0
+        seeds = sorted(
+            (r["seed"], r["attainment"], r["gpu_hours"])
+            for r in stored["runs"]
+            if r["policy"] == policy
+        )
+        paired = [(g, fleets[scale, s]) for s, _, g in seeds if (scale, s) in fleets]
+        attainment = sum(a for _, a, _ in seeds) / len(seeds)
+        gpu_hours = sum(g for _, _, g in seeds) / len(seeds)
+        ratio = "-"
+        if paired:  # the means' ratio over the seeds whose hourly fleet was searched
+            spent, fleet = (sum(column) for column in zip(*paired, strict=True))
+            ratio = f"{100 * spent / fleet:.1f} % ({len(paired)} seeds)"
+        lines.append(
+            f"| {name} | ×{scale:g} | {','.join(str(s) for s, _, _ in seeds)} | "
+            f"{100 * attainment:.2f} | {gpu_hours:.2f} | {ratio} |"
+        )
+        data["runs"][name] = {"path": str(path), "scale": scale, "per_seed": seeds}
+    return "\n".join(lines) + "\n", data
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +160,11 @@ def main() -> None:
     t.add_argument("runs", nargs="+")
     t.add_argument("--policy", default="wok")
     t.add_argument("--out", help="write bench/autoscaling/results/<out>.json")
+    d = sub.add_parser("day", help="NAME=daytrace.json … side by side against the hourly fleet")
+    d.add_argument("runs", nargs="+")
+    d.add_argument("--hourly", type=Path, default=RESULTS / "hourly_fleet.json")
+    d.add_argument("--policy", default="wok")
+    d.add_argument("--out", help="write bench/autoscaling/results/<out>.json")
     args = parser.parse_args()
     if args.command == "seed":
         print(
@@ -128,7 +172,10 @@ def main() -> None:
         )
         return
     runs = dict((name, Path(path)) for name, path in (r.split("=", 1) for r in args.runs))
-    markdown, data = table(runs, args.policy)
+    if args.command == "day":
+        markdown, data = day_table(runs, args.hourly, args.policy)
+    else:
+        markdown, data = table(runs, args.policy)
     print(markdown, end="")
     if args.out:
         (RESULTS / f"{args.out}.json").write_text(json.dumps(data, indent=1))

@@ -698,6 +698,7 @@ class LoopMemory(ApiModel):
         default=None, description="Hash of the model, GPU and SLOs the learnt rates hold for."
     )
     saturated_since: float | None = None
+    waiting_since: float | None = None
     queued_since: float | None = None
     breached_since: float | None = None
     budget_spent: bool = False

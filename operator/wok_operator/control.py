@@ -41,10 +41,11 @@ scale-up had a pod start and an SLO window to show, and the last scale-down the 
 (a lagging P99 never reverses a step it has not seen); a TPOT pod that did not lower the P99 ends
 those (`SLOUnattainable`). R falls only when R* < R has held for `scale_down_window`, to the largest
 R* seen in that window, with no breach a pod or the batch could fix, and not below the pods that
-serve today's arrivals at the most a pod has served within its SLOs, unless that floor has held the
-fleet for a budget window. μ and that rate are forgotten when the model, the GPU or the SLOs change,
-and give way to a lower sample once a budget window old. Any missing series the law reads holds
-everything; nothing scales to zero on missing data; the batch is never above B_mem.
+serve today's arrivals at the most a pod has served within its SLOs (while μ is observed, not
+the step profile's own figure), unless that floor has held the fleet for a budget window. μ and
+that rate are forgotten when the model, the GPU or the SLOs change, and give way to a lower
+sample once a budget window old. Any missing series the law reads holds everything; nothing
+scales to zero on missing data; the batch is never above B_mem.
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ class LoopState:
     tpot_futile: bool = False  # that pod did not lower it: more pods will not either
     floor_since: float | None = None  # since when the proven floor alone holds a scale-down
     saturated_since: float | None = None  # since when pods queue with free batch slots
+    waiting_since: float | None = None  # since when requests have waited at every tick
     queued_since: float | None = None  # since when requests have queued past Q* at every tick
     breached_since: float | None = None  # since when P99 TTFT has been above its SLO at every tick
     budget_spent: bool = False  # the error budget ran out, and half of it is not back yet
@@ -342,6 +344,7 @@ class _Facts:
     breached_since: float | None  # P99 TTFT has been above its SLO at every tick since
     saturated_since: float | None  # pods have queued behind a cap that cannot rise since
     saturated: bool  # long enough that the completions are what a pod can do
+    waiting_since: float | None  # requests have waited (any queue) at every tick since
     teaches: bool  # the window's completions may teach μ (`_facts`)
     # The error budget, and the utilization it sets.
     budget_spent: bool
@@ -403,6 +406,7 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
     saturated = slo_bound or (
         saturated_since is not None and now - saturated_since >= p.scale_up_window_s
     )
+    waiting_since = _since(state.waiting_since, now) if queue > 0 else None
     slo_breached = ttft_breached or tpot_breached or _above(obs.p99_seconds, p.slo_e2e_s)
     in_place = _fleet_in_place(state, obs, p, now)
     burst_at = _burst_at(state, p, slo_breached=slo_breached, in_place=in_place, now=now)
@@ -435,7 +439,8 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         breached_since=breached_since,
         saturated_since=saturated_since,
         saturated=saturated,
-        teaches=saturated and _teaches(saturated_since, obs, p, now, ttft_breached=ttft_breached),
+        waiting_since=waiting_since,
+        teaches=saturated and _teaches(waiting_since, obs, p, now, ttft_breached=ttft_breached),
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
         burst_at=burst_at,
@@ -449,21 +454,20 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
 
 
 def _teaches(
-    saturated_since: float | None,
-    obs: Observation,
-    p: LawParams,
-    now: float,
-    *,
-    ttft_breached: bool,
+    waiting_since: float | None, obs: Observation, p: LawParams, now: float, *, ttft_breached: bool
 ) -> bool:
     """Whether a saturated window's completions may teach μ. Without a profile, always. Against
-    one, when the window broke a TTFT or E2E SLO (pods could not keep up within the SLOs at this
-    rate) or stayed saturated for the whole SLO window the rates cover (they can serve at least
-    this): a window that saturated partway within the SLOs reads the arrivals before the queue,
-    below what a pod can do."""
-    throughout = saturated_since is not None and now - saturated_since >= p.slo_window_s
+    one, when requests waited at every tick of the SLO window the rates cover (the pods were busy
+    all of it, and served what they can), or when the window broke a TTFT or E2E SLO and the
+    misses have spent the error budget (pods cannot keep up within the SLOs at this rate). A
+    breach the budget absorbs is what the budget is for: its window reads the arrivals, served
+    within the SLOs for the rest of the hour, below what a pod can do."""
+    waited_throughout = waiting_since is not None and now - waiting_since >= p.slo_window_s
     overloaded = ttft_breached or _above(obs.p99_seconds, p.slo_e2e_s)
-    return p.capacity_prior is None or overloaded or throughout
+    spent = _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s) or _above(
+        obs.budget_p99_seconds, p.slo_e2e_s
+    )
+    return p.capacity_prior is None or waited_throughout or (overloaded and spent)
 
 
 @dataclass(frozen=True)
@@ -773,16 +777,22 @@ def _floor(
     obs: Observation,
     p: LawParams,
     desired: int,
+    belief: _Belief,
     now: float,
 ) -> tuple[float | None, float | None, int, float | None]:
     """The proven rate, when it was learnt, the fewest pods that serve today's arrivals at it
     (`_proven`), and since when that floor alone has held a scale-down: once it has held the
-    fleet for a budget window it yields a pod. It stays beside a believed μ (the throughput
-    term's): without it the law served 3.7 points less on the code trace at tight SLOs
-    (docs/control-law.md), where the rate pods serve within the SLOs is below the rate they
-    serve saturated."""
+    fleet for a budget window it yields a pod. It stays beside a μ observed on saturated pods
+    (the throughput term's): without it the law served 3.7 points less on the code trace at
+    tight SLOs (docs/control-law.md), where the rate pods serve within the SLOs is below the
+    rate they serve saturated. While μ is the step profile's own figure (no saturated pod has
+    read it otherwise) the profile already prices what a pod serves within the SLOs for today's
+    mix, and the floor stands aside: a proven rate renewed an hour on is the arrivals split
+    over the pods in place, and at four pods or fewer that rate × 1.25 forbids every
+    scale-down, so the floor would hold the fleet it was learnt on (the ServeGen day's nights:
+    two pods for hours where one served)."""
     rate, at, floor = _proven(state, obs, p, breached=f.ttft_breached or f.tpot_breached, now=now)
-    if not p.proven_floor:
+    if not p.proven_floor or belief.source == "profile":
         floor = 0
     since = _since(state.floor_since, now) if desired < f.replicas <= floor else None
     if since is not None and now - since >= p.budget_window_s:
@@ -811,7 +821,9 @@ def _replica_rule(
     # A pod pending past its pod start is not on its way: it is no capacity, and its place in
     # the Deployment's count is asked for again.
     desired = p.clip_replicas(demand.replicas + obs.stalled_replicas)
-    proven_rate, proven_at, floor, floor_since = _floor(state, f, obs, p, desired, now)
+    proven_rate, proven_at, floor, floor_since = _floor(
+        state, f, obs, p, desired, demand.belief, now
+    )
     tpot_pod = f.tpot_breached and not f.tpot_unattainable
     # Breaches more pods or a smaller batch may fix block a scale-down: TTFT while requests
     # queue (without a queue it comes from prefill, not from the fleet's size); TPOT while the
@@ -927,6 +939,7 @@ def _replica_memory(
         proven_rate=proven_rate,
         proven_rate_at=proven_at,
         saturated_since=f.saturated_since,
+        waiting_since=f.waiting_since,
         queued_since=f.queued_since,
         breached_since=f.breached_since,
         budget_spent=f.budget_spent,

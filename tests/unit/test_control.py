@@ -101,6 +101,7 @@ states = st.builds(
     proven_rate_at=maybe_time,
     learned_for=st.sampled_from([None, "", "another spec"]),
     saturated_since=maybe_time,
+    waiting_since=maybe_time,
     queued_since=maybe_time,
     breached_since=maybe_time,
     budget_spent=st.booleans(),
@@ -1019,11 +1020,12 @@ def test_a_saturated_pod_corrects_the_prior_as_a_ratio_in_both_directions():
     def learn(prior: float, finished: float, state: LoopState | None = None, **kw) -> LoopState:
         state = state or LoopState(batch=200, replicas=2)
         for now in (0.0, 10.0):
-            o = obs(20, running=5, ready=2, finished=finished, **kw)
+            o = replace(obs(20, running=5, ready=2, finished=finished, **kw), **SPENT)
             state = decide(state, o, replace(params, capacity_prior=prior), now).state
         return state
 
-    # A queue for the scale-up window with P99 TTFT over its SLO: the pods could not keep up.
+    # A queue for the scale-up window with P99 TTFT over its SLO, and the misses have spent the
+    # error budget: the pods could not keep up.
     low = learn(8.0, 10.0, ttft=5.0)  # 5 a pod, the profile said 8
     assert (low.capacity_ratio, low.service_rate, low.capacity_source) == (
         0.625,
@@ -1042,18 +1044,34 @@ def test_a_saturated_pod_corrects_the_prior_as_a_ratio_in_both_directions():
     assert again.capacity_ratio == 0.625
 
 
-def test_a_queue_that_breaks_no_slo_teaches_the_ratio_only_if_it_lasts_the_window():
-    """A queue that came and went within the SLOs read the arrivals before it, not what a pod
-    can do: on the ServeGen day such windows read 0.6 of the profile's capacity and held a
-    third more pods than the day needed. Only a window saturated throughout teaches then."""
+#: The hour's P99 TTFT past its 2 s SLO: over 1 % of the budget window's requests missed it.
+SPENT = {"budget_p99_ttft_seconds": 3.0, "budget_p995_ttft_seconds": 4.0}
+
+
+def test_a_window_teaches_the_ratio_if_requests_waited_throughout_or_its_misses_spent_the_budget():
+    """A queue that came and went read the arrivals before it, not what a pod can do: on the
+    ServeGen day such windows read 0.6 of the profile's capacity, within the SLOs and with a TTFT
+    breach the hour's budget absorbed alike, and held a third more pods than the day needed.
+    Requests waiting at every tick of the SLO window, or a breach once the misses have spent
+    the error budget (the pods cannot keep up within the SLOs), teach."""
     params = replace(default_params(scale_up_window_s=10), capacity_prior=8.0)
-    state = LoopState(batch=200, replicas=2)
-    for now in (0.0, 10.0, 20.0):
-        state = decide(state, obs(20, running=5, ready=2, finished=10.0), params, now).state
-    assert (state.capacity_ratio, state.capacity_source) == (None, "profile")
-    for now in range(30, 70, 10):
-        state = decide(state, obs(20, running=5, ready=2, finished=10.0), params, now).state
-    assert (state.capacity_ratio, state.capacity_source) == (0.625, "observed")
+
+    def run(times: range, ttft: float = 0.5, **budget: float) -> LoopState:
+        state = LoopState(batch=200, replicas=2)
+        for now in times:
+            o = replace(obs(20, running=5, ready=2, finished=10.0, ttft=ttft), **budget)
+            state = decide(state, o, params, now).state
+        return state
+
+    taught = (0.625, "observed")  # 10 req/s over 2 pods: 5 a pod, the profile says 8
+    for ttft in (0.5, 5.0):  # within the SLOs, or a TTFT breach the hour's budget absorbs
+        state = run(range(0, 30, 10), ttft)
+        assert (state.capacity_ratio, state.capacity_source) == (None, "profile")
+    spent = run(range(0, 30, 10), 5.0, **SPENT)
+    assert (spent.capacity_ratio, spent.capacity_source) == taught
+    waited = run(range(0, 70, 10))  # requests waited at every tick of the 60 s window
+    assert (waited.capacity_ratio, waited.capacity_source) == taught
+    assert waited.waiting_since == 0.0
 
 
 def test_a_ratio_no_pod_has_shown_for_a_budget_window_gives_way_to_the_profile():
@@ -1085,17 +1103,37 @@ def test_a_scale_down_keeps_the_pods_arrivals_need_at_the_believed_capacity():
     assert run(base)[-1] == 2  # the proven floor's yield
 
 
-def test_the_proven_floor_stays_beside_a_believed_capacity():
+def test_the_proven_floor_stays_beside_an_observed_capacity():
     """The proven floor (1.25 × the most a pod has served within its SLOs) is not what μ says:
-    pods saturated serve more than pods within the SLOs. Dropping it once μ was believed lost
+    pods saturated serve more than pods within the SLOs. Dropping it once μ was observed lost
     3.7 points on the code trace at tight SLOs; it holds the fleet beside the throughput term."""
     params = default_params(scale_down_window_s=300, capacity_prior=8.6)
-    state = LoopState(batch=256, replicas=4, proven_rate=3.0, proven_rate_at=0.0)
+    state = LoopState(
+        batch=256, replicas=4, proven_rate=3.0, proven_rate_at=0.0, capacity_ratio=1.0
+    )
+    state = replace(state, service_rate_at=0.0)
     for now in range(0, 600, 5):
         o = obs(0, running=40, ready=state.replicas, ttft=5.0, finished=12.0)
         state = decide(state, o, params, now).state
-    # 12 req/s over 0.9 · 8.6: 2 pods; 12 over 1.25 · 3 a pod: 4.
-    assert state.replicas == 4
+    # 12 req/s over 0.9 · 8.6 (observed): 2 pods; 12 over 1.25 · 3 a pod: 4.
+    assert (state.replicas, state.capacity_source) == (4, "observed")
+
+
+def test_the_proven_floor_stands_aside_while_mu_is_the_profiles_own():
+    """The ServeGen day's nights: a proven rate renewed after an hour is the arrivals split over
+    the pods in place (13 req/s over 2 pods), and 1.25 × it forbids any scale-down of 4 pods
+    or fewer: the floor held two pods for four hours where one served. While no saturated pod
+    has read the profile otherwise, its capacity for the mix (17 a pod) sizes the fleet."""
+    params = default_params(scale_down_window_s=300, capacity_prior=17.0)
+    night = LoopState(batch=256, replicas=2, proven_rate=6.5, proven_rate_at=0.0)
+    states = {"profile": night, "observed": replace(night, capacity_ratio=1.0, service_rate_at=0.0)}
+    for source, state in states.items():
+        for now in range(0, 600, 5):
+            o = obs(0, running=8, ready=state.replicas, finished=13.0)
+            state = decide(state, o, params, now).state
+        assert state.capacity_source == source
+        # 13 req/s over 0.9 · 17: 1 pod; over 1.25 · 6.5 a pod: 2.
+        assert state.replicas == (1 if source == "profile" else 2), source
 
 
 def _breaching(*, ready: int = 6, pending: int = 0, ttft: float = 3.0) -> Observation:
