@@ -440,7 +440,8 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
         saturated_since=saturated_since,
         saturated=saturated,
         waiting_since=waiting_since,
-        teaches=saturated and _teaches(waiting_since, obs, p, now, ttft_breached=ttft_breached),
+        teaches=saturated
+        and _teaches(state, waiting_since, obs, p, now, ttft_breached=ttft_breached),
         budget_spent=budget_spent,
         budget_recovering=budget_recovering,
         burst_at=burst_at,
@@ -454,14 +455,25 @@ def _facts(state: LoopState, obs: Observation, p: LawParams, now: float) -> _Fac
 
 
 def _teaches(
-    waiting_since: float | None, obs: Observation, p: LawParams, now: float, *, ttft_breached: bool
+    state: LoopState,
+    waiting_since: float | None,
+    obs: Observation,
+    p: LawParams,
+    now: float,
+    *,
+    ttft_breached: bool,
 ) -> bool:
-    """Whether a saturated window's completions may teach μ. Without a profile, always. Against
-    one, when requests waited at every tick of the SLO window the rates cover (the pods were busy
-    all of it, and served what they can), or when the window broke a TTFT or E2E SLO and the
-    misses have spent the error budget (pods cannot keep up within the SLOs at this rate). A
-    breach the budget absorbs is what the budget is for: its window reads the arrivals, served
-    within the SLOs for the rest of the hour, below what a pod can do."""
+    """Whether a saturated window's completions may teach μ. Never within the law's first SLO
+    window: the pods' counters of a new service, or of the fleet the law found, cover only part
+    of it, and the rate over the window reads what they served over the whole of it. Then,
+    without a profile, always. Against one, when requests waited at every tick of the SLO window
+    the rates cover (the pods were busy all of it, and served what they can), or when the window
+    broke a TTFT or E2E SLO and the misses have spent the error budget (pods cannot keep up
+    within the SLOs at this rate). A breach the budget absorbs is what the budget is for: its
+    window reads the arrivals, served within the SLOs for the rest of the hour, below what a pod
+    can do."""
+    if state.started_at is None or now - state.started_at < p.slo_window_s:
+        return False
     waited_throughout = waiting_since is not None and now - waiting_since >= p.slo_window_s
     overloaded = ttft_breached or _above(obs.p99_seconds, p.slo_e2e_s)
     spent = _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s) or _above(

@@ -193,6 +193,10 @@ def test_no_runaway_while_every_pod_is_silent(params, ticks, start):
     assert state.replicas == clipped(start, params.replicas_floor, params.replicas_max)
 
 
+#: A law that has run for an hour: its SLO windows cover the pods' counters.
+RUNNING_SINCE = -3600.0
+
+
 def default_params(**overrides: float) -> LawParams:
     spec = InferenceServiceSpec()
     base = LawParams.from_spec(spec, batch_mem=200).__dict__
@@ -523,7 +527,7 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
     further, so what the pods complete is what they can do, and arrivals size the fleet (the
     slots alone said the cap's 200 per pod would hold it, and the fleet collapsed)."""
     params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
-    state = LoopState(batch=200, replicas=2)
+    state = LoopState(batch=200, replicas=2, started_at=RUNNING_SINCE)
     for now in (0.0, 10.0):
         o = Observation(
             queue_per_replica=40,
@@ -541,7 +545,7 @@ def test_a_queue_behind_the_memory_cap_teaches_the_throughput_too():
     assert d.desired_replicas == 5, d.reason
     # Below its cap the same queue is the batch's to fix: the batch goes to its cap, and nothing
     # is learnt before the queue has lasted there.
-    below = LoopState(batch=100, replicas=2)
+    below = LoopState(batch=100, replicas=2, started_at=RUNNING_SINCE)
     for now in (0.0, 10.0):
         o = Observation(
             queue_per_replica=40,
@@ -573,7 +577,7 @@ def test_a_compute_saturated_pod_teaches_the_throughput_it_can_serve():
         )
         return decide(state, o, params, now)
 
-    first = saturated(0, LoopState(batch=200, replicas=2))
+    first = saturated(0, LoopState(batch=200, replicas=2, started_at=RUNNING_SINCE))
     assert first.state.service_rate is None  # a passing queue teaches nothing
     later = saturated(10, first.state)
     assert later.state.service_rate == 4.0  # 8 completions/s over 2 pods
@@ -641,7 +645,7 @@ def test_the_throughput_term_asks_arrivals_over_rho_mu_however_many_a_pod_served
     params = default_params(scale_up_window_s=10, target_utilization=0.5, replicas_max_step=8)
 
     def learn(running: float) -> LoopState:
-        state = LoopState(batch=200, replicas=2)
+        state = LoopState(batch=200, replicas=2, started_at=RUNNING_SINCE)
         for now in (0.0, 10.0):
             o = obs(4, running=running, ready=2, kv=0.5, finished=20.0)
             state = decide(state, o, params, now).state
@@ -939,12 +943,14 @@ def test_the_floor_and_mu_give_way_after_a_budget_window():
     of each). Once it has held the fleet for a budget window it yields a pod; μ and the proven
     rate give way to a lower sample once they are a budget window old."""
     params = default_params(scale_down_window_s=300)
-    state = LoopState(batch=200, replicas=4)
+    state = LoopState(batch=200, replicas=4, started_at=RUNNING_SINCE)
     for now in range(0, 20_000, 5):
         o = obs(0, running=4 / state.replicas, ready=state.replicas, finished=4.0)
         state = decide(state, o, params, now).state
     assert state.replicas == 1
-    old = LoopState(batch=200, replicas=2, service_rate=50.0, service_rate_at=0.0)
+    old = LoopState(
+        batch=200, replicas=2, started_at=RUNNING_SINCE, service_rate=50.0, service_rate_at=0.0
+    )
     saturated = obs(20, running=5, ready=2, finished=10.0)
     early = decide(replace(old, saturated_since=0.0), saturated, params, 1000).state
     assert early.service_rate == 50.0  # an hour has not passed: the best rate stands
@@ -1018,7 +1024,7 @@ def test_a_saturated_pod_corrects_the_prior_as_a_ratio_in_both_directions():
     params = default_params(scale_up_window_s=10)
 
     def learn(prior: float, finished: float, state: LoopState | None = None, **kw) -> LoopState:
-        state = state or LoopState(batch=200, replicas=2)
+        state = state or LoopState(batch=200, replicas=2, started_at=RUNNING_SINCE)
         for now in (0.0, 10.0):
             o = replace(obs(20, running=5, ready=2, finished=finished, **kw), **SPENT)
             state = decide(state, o, replace(params, capacity_prior=prior), now).state
@@ -1057,7 +1063,7 @@ def test_a_window_teaches_the_ratio_if_requests_waited_throughout_or_its_misses_
     params = replace(default_params(scale_up_window_s=10), capacity_prior=8.0)
 
     def run(times: range, ttft: float = 0.5, **budget: float) -> LoopState:
-        state = LoopState(batch=200, replicas=2)
+        state = LoopState(batch=200, replicas=2, started_at=RUNNING_SINCE)
         for now in times:
             o = replace(obs(20, running=5, ready=2, finished=10.0, ttft=ttft), **budget)
             state = decide(state, o, params, now).state
@@ -1072,6 +1078,19 @@ def test_a_window_teaches_the_ratio_if_requests_waited_throughout_or_its_misses_
     waited = run(range(0, 70, 10))  # requests waited at every tick of the 60 s window
     assert (waited.capacity_ratio, waited.capacity_source) == taught
     assert waited.waiting_since == 0.0
+
+
+def test_nothing_teaches_within_the_laws_first_slo_window():
+    """The morning ramp's warm start: in the law's first minute one pod queued 30 requests, the
+    budget window held only that minute, and the pods' counters covered half the SLO window, so
+    the rate over it read 0.28 of the profile and held a third pod for the hour."""
+    params = replace(default_params(scale_up_window_s=10), capacity_prior=8.0)
+    overloaded = replace(obs(20, running=5, ready=2, finished=10.0, ttft=5.0), **SPENT)
+    state = LoopState(batch=200, replicas=2)
+    for now in range(0, 60, 10):
+        state = decide(state, overloaded, params, now).state
+    assert (state.capacity_ratio, state.started_at) == (None, 0)
+    assert decide(state, overloaded, params, 60).state.capacity_ratio == 0.625
 
 
 def test_a_ratio_no_pod_has_shown_for_a_budget_window_gives_way_to_the_profile():
