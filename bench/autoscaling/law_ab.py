@@ -28,6 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hourly_fleet import HOURLY, WOK, pairs, runs_from
+
 from wok_sim.evaluation_matrix import Condition, variants_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,33 +115,27 @@ def table(runs: dict[str, Path], policy: str) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", data
 
 
-def day_table(runs: dict[str, Path], hourly: Path, policy: str) -> tuple[str, dict[str, Any]]:
-    """Each day JSON's runs of `policy` per seed, their means, and their GPU-h ÷ the hourly
-    fleet's (`hourly_fleet.json`, the same scale and seeds, over the seeds it has)."""
-    fleets = {
-        (r["scale"], r["seed"]): r["gpu_hours"]
-        for r in json.loads(hourly.read_text())["runs"]
-        if r["policy"] == "hourly"
-    }
+def day_table(runs: dict[str, Path], hourly: Path) -> tuple[str, dict[str, Any]]:
+    """Each day JSON's runs of the law per seed, their means, and their GPU-h ÷ the hourly
+    fleet's (`hourly_fleet.json`, paired by scale and seed as hourly_fleet.py pairs them, over
+    the seeds it has)."""
+    fleets = [r for r in json.loads(hourly.read_text())["runs"] if r["policy"] == HOURLY]
     lines = [
         "| run | scale | seeds | all SLOs % (mean) | GPU-h (mean) | GPU-h ÷ the hourly fleet's |",
         "|---|---|---|---|---|---|",
     ]
-    data: dict[str, Any] = {"policy": policy, "runs": {}}
+    data: dict[str, Any] = {"policy": WOK, "runs": {}}
     for name, path in runs.items():
-        stored = json.loads(path.read_text())
-        scale = stored.get("scale") or 1.0
-        seeds = sorted(
-            (r["seed"], r["attainment"], r["gpu_hours"])
-            for r in stored["runs"]
-            if r["policy"] == policy
-        )
-        paired = [(g, fleets[scale, s]) for s, _, g in seeds if (scale, s) in fleets]
+        laws = [r for r in runs_from(path, fleets) if r["policy"] == WOK]
+        scale = laws[0]["scale"]
+        seeds = sorted((r["seed"], r["attainment"], r["gpu_hours"]) for r in laws)
         attainment = sum(a for _, a, _ in seeds) / len(seeds)
         gpu_hours = sum(g for _, _, g in seeds) / len(seeds)
+        paired = pairs([*fleets, *laws], scale)
         ratio = "-"
         if paired:  # the means' ratio over the seeds whose hourly fleet was searched
-            spent, fleet = (sum(column) for column in zip(*paired, strict=True))
+            spent = sum(w["gpu_hours"] for _, w in paired)
+            fleet = sum(h["gpu_hours"] for h, _ in paired)
             ratio = f"{100 * spent / fleet:.1f} % ({len(paired)} seeds)"
         lines.append(
             f"| {name} | ×{scale:g} | {','.join(str(s) for s, _, _ in seeds)} | "
@@ -163,7 +159,6 @@ def main() -> None:
     d = sub.add_parser("day", help="NAME=daytrace.json … side by side against the hourly fleet")
     d.add_argument("runs", nargs="+")
     d.add_argument("--hourly", type=Path, default=RESULTS / "hourly_fleet.json")
-    d.add_argument("--policy", default="wok")
     d.add_argument("--out", help="write bench/autoscaling/results/<out>.json")
     args = parser.parse_args()
     if args.command == "seed":
@@ -173,7 +168,7 @@ def main() -> None:
         return
     runs = dict((name, Path(path)) for name, path in (r.split("=", 1) for r in args.runs))
     if args.command == "day":
-        markdown, data = day_table(runs, args.hourly, args.policy)
+        markdown, data = day_table(runs, args.hourly)
     else:
         markdown, data = table(runs, args.policy)
     print(markdown, end="")

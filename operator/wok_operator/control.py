@@ -476,10 +476,19 @@ def _teaches(
         return False
     waited_throughout = waiting_since is not None and now - waiting_since >= p.slo_window_s
     overloaded = ttft_breached or _above(obs.p99_seconds, p.slo_e2e_s)
-    spent = _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s) or _above(
+    return (
+        p.capacity_prior is None
+        or waited_throughout
+        or (overloaded and _budget_broken_by_waits(obs, p))
+    )
+
+
+def _budget_broken_by_waits(obs: Observation, p: LawParams) -> bool:
+    """A P99 of TTFT or E2E over the budget window breaks its SLO: over 1 % of the window's
+    requests waited or ran too long (what a fleet too small costs; TPOT is the batch's)."""
+    return _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s) or _above(
         obs.budget_p99_seconds, p.slo_e2e_s
     )
-    return p.capacity_prior is None or waited_throughout or (overloaded and spent)
 
 
 @dataclass(frozen=True)
@@ -717,11 +726,7 @@ def _error_budget(
     all) missed nothing: an idle service gets its budget back."""
     if not burst:
         return False, False
-    if (
-        _above(obs.budget_p99_ttft_seconds, p.slo_ttft_s)
-        or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s)
-        or _above(obs.budget_p99_seconds, p.slo_e2e_s)
-    ):
+    if _budget_broken_by_waits(obs, p) or _above(obs.budget_p99_tpot_seconds, p.slo_tpot_s):
         return True, False
     slos = (p.slo_ttft_s, p.slo_tpot_s, p.slo_e2e_s)
     p995s = (obs.budget_p995_ttft_seconds, obs.budget_p995_tpot_seconds, obs.budget_p995_seconds)

@@ -1127,10 +1127,8 @@ def test_the_proven_floor_stays_beside_an_observed_capacity():
     pods saturated serve more than pods within the SLOs. Dropping it once μ was observed lost
     3.7 points on the code trace at tight SLOs; it holds the fleet beside the throughput term."""
     params = default_params(scale_down_window_s=300, capacity_prior=8.6)
-    state = LoopState(
-        batch=256, replicas=4, proven_rate=3.0, proven_rate_at=0.0, capacity_ratio=1.0
-    )
-    state = replace(state, service_rate_at=0.0)
+    observed = {"capacity_ratio": 1.0, "service_rate_at": 0.0}
+    state = LoopState(batch=256, replicas=4, proven_rate=3.0, proven_rate_at=0.0, **observed)
     for now in range(0, 600, 5):
         o = obs(0, running=40, ready=state.replicas, ttft=5.0, finished=12.0)
         state = decide(state, o, params, now).state
